@@ -1,0 +1,73 @@
+"""pathdask: Pathways-style single-controller, gang-scheduled sharded computation on Dask.
+
+The public surface is re-exported here; everything else is private.
+"""
+
+from __future__ import annotations
+
+from . import config as _config  # noqa: F401  (registers the pathdask.* config defaults)
+from .client.array import ShardedArray
+from .client.client import Client, connect
+from .client.function import Function, function
+from .client.program import Program, ProgramFunction, program
+from .collectives import (
+    all_gather,
+    all_to_all,
+    axis_index,
+    axis_size,
+    pmax,
+    pmean,
+    pmin,
+    ppermute,
+    psum,
+)
+from .errors import (
+    DeviceLostError,
+    DeviceOutOfMemoryError,
+    GangAbortedError,
+    MeshError,
+    ShapeMismatchError,
+    ShardingError,
+    SliceTooLargeError,
+    TopologyError,
+)
+from .mesh import Mesh
+from .spec import P, PartitionSpec
+from .system import LocalSystem
+from .topology import Link, Topology
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "DeviceLostError",
+    "DeviceOutOfMemoryError",
+    "Function",
+    "GangAbortedError",
+    "LocalSystem",
+    "Link",
+    "Mesh",
+    "MeshError",
+    "P",
+    "PartitionSpec",
+    "Program",
+    "ProgramFunction",
+    "ShapeMismatchError",
+    "ShardedArray",
+    "ShardingError",
+    "SliceTooLargeError",
+    "Topology",
+    "TopologyError",
+    "all_gather",
+    "all_to_all",
+    "axis_index",
+    "axis_size",
+    "connect",
+    "function",
+    "pmax",
+    "pmean",
+    "pmin",
+    "ppermute",
+    "program",
+    "psum",
+]

@@ -1,0 +1,1 @@
+"""What runs in the user's process: clients, sharded arrays, functions and programs."""

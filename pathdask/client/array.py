@@ -1,0 +1,108 @@
+"""``ShardedArray``: a logical array split over a mesh, whose shards live in device stores."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..mesh import Mesh
+from ..sharding import Sharding
+from ..spec import PartitionSpec
+
+if TYPE_CHECKING:
+    import xarray as xr
+    from distributed import Future
+
+    from .client import Client
+
+__all__ = ["ShardedArray"]
+
+
+class ShardedArray:
+    """A future of a sharded array.
+
+    It is returned at once by ``client.put`` and by program calls; ``result()``
+    waits for the devices and gathers the shards into NumPy. Its device buffers
+    live while it does: ``delete()`` or garbage collection frees them.
+    """
+
+    def __init__(self, client: Client, pid: str, vid: int, shape: tuple[int, ...], dtype: Any,
+                 mesh: Mesh, spec: PartitionSpec, futures: dict[str, Future],
+                 xarray_meta: dict[str, Any] | None = None) -> None:
+        self.client = client
+        self._pid, self._vid = pid, vid
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.mesh = mesh
+        self.spec = spec
+        self._futures = futures  # host address -> output key future (owns the buffers there)
+        self._xarray = xarray_meta
+        self._deleted = False
+
+    # -- metadata ------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def sharding(self) -> Sharding:
+        return Sharding(self.shape, self.mesh, self.spec)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self._pid, self._vid)
+
+    def __repr__(self) -> str:
+        state = "deleted" if self._deleted else self.status
+        return (f"ShardedArray(shape={self.shape}, dtype={self.dtype}, spec={self.spec}, "
+                f"mesh={self.mesh.shape}, {state})")
+
+    @property
+    def status(self) -> str:
+        """``pending``, ``dispatched`` (on every host) or ``error`` (dispatch failed)."""
+        states = {f.status for f in self._futures.values()}
+        if "error" in states:
+            return "error"
+        return "dispatched" if states <= {"finished"} else "pending"
+
+    # -- data ------------------------------------------------------------------
+    def result(self, timeout: Any = None) -> np.ndarray:
+        """Wait for the devices and return the global array as NumPy.
+
+        Raises the original exception if a kernel that produced it failed.
+        """
+        self._check_alive()
+        return self.client._fetch(self, timeout)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.result()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def to_xarray(self) -> xr.DataArray:
+        """The result as an ``xarray.DataArray``, with the dims and coords it came in with."""
+        import xarray as xr
+
+        meta = self._xarray or {"dims": tuple(f"dim_{i}" for i in range(self.ndim))}
+        return xr.DataArray(self.result(), **meta)
+
+    def delete(self) -> None:
+        """Free this array's device buffers now (also happens when it is garbage-collected)."""
+        if not self._deleted:
+            self._deleted = True
+            for f in self._futures.values():
+                f.release()
+            self._futures = {}
+
+    def _check_alive(self) -> None:
+        if self._deleted:
+            raise RuntimeError("This ShardedArray was deleted; its device buffers are gone")

@@ -1,0 +1,245 @@
+"""``Client``: one tenant of a pathdask system (the single controller's handle)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from dask.utils import parse_timedelta
+from distributed import Client as DaskClient
+
+from ..errors import ShardingError
+from ..mesh import Mesh, check_shape
+from ..ops import GangSpec, HostPlan, OutSpec, PutOp
+from ..sharding import Sharding
+from ..spec import PartitionSpec
+from ..topology import DeviceId, DeviceInfo, Topology
+from .array import ShardedArray
+from .lowering import build_graph, lower
+from .program import Program
+
+__all__ = ["Client", "connect"]
+
+
+class Client:
+    """A pathdask client: asks for meshes, puts arrays, and dispatches programs.
+
+    Parameters
+    ----------
+    address : str or distributed.Client
+        A Dask scheduler address (whose scheduler runs the pathdask plugin), or
+        a connected Dask client to reuse.
+    name : str
+        A name for this tenant, shown in stats and on the dashboard.
+    weight : float
+        Its weight under proportional share.
+    """
+
+    def __init__(self, address: str | DaskClient, *, name: str = "client", weight: float = 1.0,
+                 timeout: Any = "30s") -> None:
+        if isinstance(address, DaskClient):
+            self.dask, self._owns_dask = address, False
+        else:
+            self.dask = DaskClient(address, set_as_default=False, timeout=parse_timedelta(timeout))
+            self._owns_dask = True
+        self.name, self.weight = name, float(weight)
+        info = self.dask.sync(
+            self.dask.scheduler.pathdask_register_client, client=self.dask.id, name=name, weight=weight
+        )
+        if not isinstance(info, dict):
+            self.close()
+            raise RuntimeError(
+                f"The Dask scheduler at {self.dask.scheduler.address} has no pathdask plugin. Start "
+                "it with pathdask.LocalSystem, or with `dask scheduler --preload pathdask.preload`"
+            )
+        self.topology = Topology.from_dict(info["topology"])
+        self._inflight: dict[str, list[Any]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def id(self) -> str:
+        return str(self.dask.id)
+
+    def __repr__(self) -> str:
+        return f"<pathdask.Client {self.name!r} weight={self.weight:g} scheduler={self.dask.scheduler.address}>"
+
+    # -- resources -------------------------------------------------------------
+    def mesh(self, shape: Mapping[str, int], island: int | None = None) -> Mesh:
+        """A virtual slice of devices inside one island, as a :class:`Mesh`.
+
+        Examples
+        --------
+        >>> mesh = client.mesh({"data": 2, "model": 2})
+        """
+        check_shape(shape)
+        reply = self.dask.sync(
+            self.dask.scheduler.pathdask_mesh, client=self.id, shape=dict(shape), island=island
+        )
+        devices = [DeviceInfo(DeviceId(i), isl, h, ix, addr) for i, isl, h, ix, addr in reply["devices"]]
+        return Mesh.create(dict(shape), devices, reply["slice"])
+
+    def devices(self) -> list[dict[str, Any]]:
+        """Every device with its island, host, slices and state."""
+        return list(self.dask.sync(self.dask.scheduler.pathdask_info)["devices"])
+
+    def device_stats(self) -> dict[str, Any]:
+        """Per device bytes in use, capacity, peak, busy time and gangs run; bytes per link class."""
+        return dict(self.dask.sync(self.dask.scheduler.pathdask_stats))
+
+    # -- data ----------------------------------------------------------------------
+    def put(self, array: Any, mesh: Mesh, spec: PartitionSpec | Mapping[str, str | tuple[str, ...] | None] | None = None) -> ShardedArray:
+        """Split ``array`` over ``mesh`` by ``spec`` and store the blocks on the devices.
+
+        ``array`` may be a NumPy array (``spec`` a :class:`PartitionSpec`) or an
+        ``xarray.DataArray`` (``spec`` a mapping ``{dim: mesh_axis}``; its dims,
+        coords, attrs and name come back with ``to_xarray()``).
+        """
+        meta = None
+        try:
+            import xarray as xr
+        except ImportError:  # pragma: no cover - xarray is a dependency
+            xr = None
+        if xr is not None and isinstance(array, xr.DataArray):
+            mapping = dict(spec or {}) if not isinstance(spec, PartitionSpec) else None
+            if mapping is not None:
+                unknown = sorted(set(mapping) - set(map(str, array.dims)))
+                if unknown:
+                    raise ShardingError(
+                        f"Unknown dimension(s) {unknown} in the spec; the DataArray has dims {list(array.dims)}"
+                    )
+                spec = PartitionSpec(*[mapping.get(str(d)) for d in array.dims])
+            meta = {"dims": array.dims, "coords": array.coords, "attrs": dict(array.attrs), "name": array.name}
+            array = array.values
+        if spec is None:
+            spec = PartitionSpec()
+        if not isinstance(spec, PartitionSpec):
+            raise ShardingError(f"spec must be a PartitionSpec for a NumPy array, got {spec!r}")
+        data = np.asarray(array)
+        if data.dtype == object:
+            raise TypeError("client.put needs a numeric array; got an array of Python objects")
+        sharding = Sharding(data.shape, mesh, spec)
+        blocks = sharding.split(data)
+        out = OutSpec(0, sharding.shard_shape, data.dtype.str)
+        gang = GangSpec(0, "put", mesh.devices)
+        plans: dict[str, HostPlan] = {}
+        for addr in mesh.hosts:
+            local = [(p, d) for p, d in enumerate(mesh.devices) if d.address == addr]
+            plans[addr] = HostPlan(
+                "put", {0: gang},
+                {d.id: (PutOp(0, out, blocks[p]),) for p, d in local},
+                {0: tuple((0, d.id) for _, d in local)},
+            )
+        pid = uuid.uuid4().hex
+        futures = self._dispatch(pid, plans, (), ())
+        return ShardedArray(self, pid, 0, data.shape, data.dtype, mesh, spec, futures[0], meta)
+
+    # -- programs --------------------------------------------------------------
+    def _run(self, program: Program, arrays: tuple[ShardedArray, ...]) -> Any:
+        for a in arrays:
+            a._check_alive()
+        plans = lower(program)
+        pid = uuid.uuid4().hex
+        futures = self._dispatch(pid, plans, tuple(a.key for a in arrays), arrays)
+        outs: list[ShardedArray] = []
+        for j, vid in enumerate(program.outputs):
+            if vid < program.n_inputs:
+                outs.append(arrays[vid])
+                continue
+            v = program.values[vid]
+            outs.append(ShardedArray(self, pid, vid, v.shape, v.dtype, v.mesh, v.spec, futures[j]))
+        return tuple(outs) if program.multiple_outputs else outs[0]
+
+    def _dispatch(self, pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, int], ...],
+                  keepalive: tuple[ShardedArray, ...]) -> dict[int, dict[str, Any]]:
+        """Submit one program as one graph; returns output futures per output and host."""
+        if self._closed:
+            raise RuntimeError(f"Client {self.name!r} is closed")
+        graph, keys, out_keys = build_graph(pid, plans, inputs, self.id)
+        # Same batched stream as the graph, so the scheduler slots it before it sees the tasks.
+        self.dask._send_to_scheduler({
+            "op": "pathdask-submit", "pid": pid,
+            "hosts": {addr: list(plan.ops) for addr, plan in plans.items()},
+        })
+        futures = self.dask.get(graph, keys, sync=False)
+        by_key = dict(zip(keys, futures))
+        self._hold(pid, futures, keepalive)
+        return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
+
+    def _hold(self, pid: str, futures: list[Any], keepalive: tuple[ShardedArray, ...]) -> None:
+        """Keep a program's futures and inputs alive until every host has registered it.
+
+        Inputs must outlive the registration that counts their readers, and no
+        dispatch task may be cancelled half-way across hosts.
+        """
+        entry = [len(futures), futures, keepalive]
+        with self._lock:
+            self._inflight[pid] = entry
+
+        def done(_: Any) -> None:
+            with self._lock:
+                entry[0] -= 1
+                if entry[0] == 0:
+                    self._inflight.pop(pid, None)
+
+        for f in futures:
+            f.add_done_callback(done)
+
+    def _fetch(self, array: ShardedArray, timeout: Any = None) -> np.ndarray:
+        seconds = parse_timedelta(timeout) if timeout is not None else None
+        futures = list(array._futures.values())
+        for f in futures:
+            f.result(timeout=seconds)  # dispatched everywhere; re-raises a dispatch error
+        sharding = array.sharding
+        want: dict[str, list[tuple[int, tuple[str, int, int]]]] = {}
+        for positions in sharding.positions_by_block().values():
+            p = positions[0]
+            dev = array.mesh.devices[p]
+            want.setdefault(dev.address, []).append((p, (array._pid, array._vid, dev.id)))
+
+        async def gather() -> list[list[np.ndarray]]:
+            calls = [self.dask.rpc(addr).pathdask_fetch(buffers=[b for _, b in items])
+                     for addr, items in want.items()]
+            return list(await asyncio.wait_for(asyncio.gather(*calls), seconds))
+
+        replies = self.dask.sync(gather)
+        blocks = {p: value for items, reply in zip(want.values(), replies) for (p, _), value in zip(items, reply)}
+        return sharding.assemble(blocks, array.dtype)
+
+    # -- lifecycle -----------------------------------------------------------------
+    def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
+        """Wait until no device holds a buffer; raises ``TimeoutError`` otherwise."""
+        return dict(self.dask.sync(self.dask.scheduler.pathdask_wait_idle, timeout=timeout))
+
+    def close(self) -> None:
+        """Close this client: its slices are released and its pending programs dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            self._inflight.clear()
+        if self._owns_dask:
+            self.dask.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def connect(address: str, *, name: str = "client", weight: float = 1.0, timeout: Any = "30s") -> Client:
+    """Attach to a running Dask cluster whose scheduler runs the pathdask plugin.
+
+    The scheduler and workers are started with the dask CLI and pathdask's
+    preload module; see ``cluster/README.md``.
+
+    Examples
+    --------
+    >>> client = connect("tcp://127.0.0.1:8786", name="alice")
+    """
+    return Client(address, name=name, weight=weight, timeout=timeout)

@@ -1,0 +1,119 @@
+"""Lowering: a :class:`Program` becomes one :class:`HostPlan` per host, then a Dask graph.
+
+The graph has one layer per host, pinned to that host's worker, holding:
+
+- one *dispatch* task that registers the host's part of every gang with the
+  host runtime and returns at once (parallel asynchronous dispatch);
+- one small *output* task per program output with shards on that host,
+  whose key owns those shards' buffers for as long as the client holds it.
+
+So a program costs O(hosts) Dask tasks however many gangs it has. We build a
+``HighLevelGraph`` because its layers carry per-layer annotations (the
+worker pin) within one submission; a plain dict graph carries only global ones.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from typing import Any
+
+from dask._task_spec import Task, TaskRef
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+from ..ops import GangSpec, HostPlan, KernelOp, Op, OutSpec, Ref, ReshardOp
+from ..sharding import reshard_plan
+from ..topology import DeviceInfo
+from .program import Program
+
+DISPATCH_PREFIX = "pathdask-dispatch-"
+OUT_PREFIX = "pathdask-out-"
+
+
+@functools.lru_cache(maxsize=512)
+def lower(program: Program) -> dict[str, HostPlan]:
+    """Per host address, the plan of that host's devices for ``program`` (cached)."""
+    ops: dict[str, dict[int, list[Op]]] = defaultdict(lambda: defaultdict(list))
+    gangs: dict[str, dict[int, GangSpec]] = defaultdict(dict)
+
+    def ref(vid: int) -> Ref:
+        return Ref("in", vid) if vid < program.n_inputs else Ref("v", vid)
+
+    def add(dev: DeviceInfo, op: Op, spec: GangSpec) -> None:
+        ops[dev.address][dev.id].append(op)
+        gangs[dev.address][spec.index] = spec
+
+    for g in program.gangs:
+        if g.kind == "kernel":
+            assert g.function is not None
+            spec = GangSpec(g.index, g.name, g.mesh.devices, g.mesh, g.function.body, g.cost_s)
+            for p, dev in enumerate(g.mesh.devices):
+                outs = tuple(OutSpec(v, b.shape, b.dtype) for v, b in zip(g.outputs, g.block_avals))
+                add(dev, KernelOp(g.index, p, tuple(ref(v) for v in g.inputs), outs), spec)
+        else:
+            _lower_reshard(program, g.index, g.inputs[0], g.outputs[0], ref, add)
+
+    owned: dict[str, dict[int, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
+    for j, vid in enumerate(program.outputs):
+        if vid < program.n_inputs:
+            continue  # an argument returned as is: the client hands back the same array
+        for dev in program.values[vid].mesh.devices:
+            owned[dev.address][j].append((vid, dev.id))
+    return {
+        addr: HostPlan(
+            program.name,
+            gangs[addr],
+            {d: tuple(o) for d, o in dev_ops.items()},
+            {j: tuple(p) for j, p in owned[addr].items()},
+        )
+        for addr, dev_ops in ops.items()
+    }
+
+
+def _lower_reshard(program: Program, index: int, src_vid: int, dst_vid: int, ref: Any, add: Any) -> None:
+    src, dst = program.values[src_vid], program.values[dst_vid]
+    dst_sharding = dst.sharding
+    pieces = reshard_plan(src.sharding, dst_sharding)
+    sends: dict[int, list[tuple[DeviceInfo, Any]]] = defaultdict(list)
+    recvs: dict[int, list[tuple[int, Any]]] = defaultdict(list)
+    for pc in pieces:
+        s, t = src.mesh.devices[pc.src], dst.mesh.devices[pc.dst]
+        sends[s.id].append((t, pc.src_index))
+        recvs[t.id].append((s.id, pc.dst_index))
+    by_id = {d.id: d for d in (*src.mesh.devices, *dst.mesh.devices)}
+    targets = {d.id for d in dst.mesh.devices}
+    members = tuple(by_id[i] for i in sorted(set(sends) | targets))
+    spec = GangSpec(index, "reshard", members)
+    out = OutSpec(dst_vid, dst_sharding.shard_shape, dst.dtype)
+    for dev in members:
+        add(dev, ReshardOp(
+            index,
+            ref(src_vid) if dev.id in sends else None,
+            tuple(sends.get(dev.id, ())),
+            tuple(recvs.get(dev.id, ())),
+            out if dev.id in targets else None,
+        ), spec)
+
+
+def build_graph(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, int], ...],
+                client: str) -> tuple[HighLevelGraph, list[Any], dict[int, dict[str, Any]]]:
+    """The Dask graph of one program call: its keys, and output keys per output and host."""
+    from ..worker.tasks import dispatch_task, output_task
+
+    layers: dict[str, MaterializedLayer] = {}
+    keys: list[Any] = []
+    out_keys: dict[int, dict[str, Any]] = defaultdict(dict)
+    for h, (addr, plan) in enumerate(plans.items()):
+        dkey = (f"{DISPATCH_PREFIX}{pid}", h)
+        tasks: dict[Any, Task] = {dkey: Task(dkey, dispatch_task, pid, plan, inputs, client)}
+        keys.append(dkey)
+        for j in plan.owned:
+            okey = (f"{OUT_PREFIX}{pid}", j, h)
+            tasks[okey] = Task(okey, output_task, TaskRef(dkey), j)
+            keys.append(okey)
+            out_keys[j][addr] = okey
+        layers[f"pathdask-{pid}-{h}"] = MaterializedLayer(
+            tasks, annotations={"workers": [addr], "allow_other_workers": False}
+        )
+    graph = HighLevelGraph(layers, {name: set() for name in layers})
+    return graph, keys, out_keys

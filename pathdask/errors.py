@@ -1,0 +1,51 @@
+"""Typed errors of pathdask.
+
+Each error subclasses the built-in exception a Python user would expect, so
+``except ValueError`` still catches a bad sharding, and each message names what
+was expected, what came, and what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DeviceLostError",
+    "DeviceOutOfMemoryError",
+    "GangAbortedError",
+    "MeshError",
+    "ShapeMismatchError",
+    "ShardingError",
+    "SliceTooLargeError",
+    "TopologyError",
+]
+
+
+class TopologyError(ValueError):
+    """A topology field is missing or has a value that cannot be parsed."""
+
+
+class ShardingError(ValueError):
+    """A shape, mesh axis or partition spec does not fit together."""
+
+
+class MeshError(ShardingError):
+    """Arrays or functions were combined on meshes that do not match."""
+
+
+class SliceTooLargeError(ValueError):
+    """A mesh asks for more devices than any island (or the chosen one) has."""
+
+
+class ShapeMismatchError(ValueError):
+    """A kernel returned blocks whose shape or dtype differ from the inferred ones."""
+
+
+class DeviceOutOfMemoryError(MemoryError):
+    """A single allocation is larger than a device's HBM capacity."""
+
+
+class DeviceLostError(RuntimeError):
+    """A device that a program uses has left the cluster."""
+
+
+class GangAbortedError(RuntimeError):
+    """A gang was aborted: its client closed, or a peer in the gang failed."""

@@ -1,0 +1,101 @@
+"""The lowered form of a program, as one host sees it.
+
+These frozen specs are built by the client's lowering and read by the host
+runtime; nothing in them changes once built. A host's plan is cached by the
+client per (program, host) and reused for every call with the same signature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, NewType, Union
+
+import numpy as np
+
+from .topology import DeviceInfo
+
+__all__ = ["ProgramId", "BufferKey", "Ref", "OutSpec", "KernelOp", "ReshardOp", "PutOp", "GangSpec", "HostPlan"]
+
+ProgramId = NewType("ProgramId", str)
+#: A logical buffer: (producing program, value id). One per device it lives on.
+BufferKey = tuple[str, int]
+Index = tuple[slice, ...]
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A kernel input: ``("in", i)`` is the program's i-th argument, ``("v", vid)`` a value of it."""
+
+    kind: str
+    index: int
+
+
+@dataclass(frozen=True)
+class OutSpec:
+    vid: int
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class KernelOp:
+    """One device's part of a ``@function`` gang."""
+
+    gang: int
+    position: int
+    inputs: tuple[Ref, ...]
+    outputs: tuple[OutSpec, ...]
+
+
+@dataclass(frozen=True)
+class ReshardOp:
+    """One device's part of a resharding gang: pieces it sends and pieces it receives."""
+
+    gang: int
+    input: Ref | None
+    sends: tuple[tuple[DeviceInfo, Index], ...]
+    recvs: tuple[tuple[int, Index], ...]  # (source device id, where it goes in our block)
+    output: OutSpec | None
+
+
+@dataclass(frozen=True)
+class PutOp:
+    """Store a block that came with the dispatch (``client.put``)."""
+
+    gang: int
+    output: OutSpec
+    data: np.ndarray
+
+
+Op = Union[KernelOp, ReshardOp, PutOp]
+
+
+@dataclass(frozen=True)
+class GangSpec:
+    """What every device of a gang shares: its body, mesh and modelled cost."""
+
+    index: int
+    name: str
+    members: tuple[DeviceInfo, ...]
+    mesh: Any = None  # pathdask.mesh.Mesh for kernels
+    body: Callable[..., Any] | None = None
+    cost_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """A host's part of a whole program: its gangs and, per local device, its ops in order."""
+
+    name: str
+    gangs: dict[int, GangSpec]
+    ops: dict[int, tuple[Op, ...]]
+    #: program output index -> (value id, local device id) pairs it owns on this host
+    owned: dict[int, tuple[tuple[int, int], ...]]
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(self.ops)

@@ -1,0 +1,1 @@
+"""The control plane: the scheduler plugin, the resource manager and the island scheduler."""

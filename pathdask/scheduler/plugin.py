@@ -1,0 +1,179 @@
+"""``PathwaysScheduler``: the scheduler plugin, registered under the name ``"pathdask"``.
+
+It holds the resource manager and the island scheduler, installs the
+:class:`~pathdask.worker.runtime.HostRuntime` worker plugin on every worker,
+and serves the ``pathdask_*`` handlers and the ``pathdask-submit`` stream op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+import dask
+from dask.utils import parse_timedelta
+from distributed import SchedulerPlugin
+from distributed.protocol.pickle import dumps
+
+from ..topology import Topology
+from .order import IslandScheduler, Submission
+from .resources import ResourceManager
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+logger = logging.getLogger("pathdask.scheduler")
+
+HANDLERS = (
+    "pathdask_register_host",
+    "pathdask_register_client",
+    "pathdask_info",
+    "pathdask_mesh",
+    "pathdask_release_slice",
+    "pathdask_stats",
+    "pathdask_wait_hosts",
+    "pathdask_wait_idle",
+)
+STREAM_HANDLERS = ("pathdask-submit",)
+
+
+class PathwaysScheduler(SchedulerPlugin):
+    """The control plane of pathdask. See the module docstring.
+
+    Parameters
+    ----------
+    topology : Topology
+        The cluster's shape; workers are mapped onto its hosts as they join.
+    ordering : bool
+        Test-only switch. ``False`` sends no order messages, so devices run
+        programs in the order their dispatch happens to arrive.
+    dispatch_jitter : float
+        Test-only: each host delays each dispatch by up to this many seconds,
+        as independent controllers' messages would be.
+    """
+
+    name = "pathdask"
+
+    def __init__(self, topology: Topology, *, ordering: bool = True, dispatch_jitter: float = 0.0,
+                 policy: str | None = None) -> None:
+        self.topology = topology
+        self.ordering = ordering
+        self.dispatch_jitter = dispatch_jitter
+        self.policy = policy or dask.config.get("pathdask.policy", "fifo")
+
+    async def start(self, scheduler: Scheduler) -> None:
+        from ..worker.runtime import HostRuntime
+
+        self.scheduler = scheduler
+        self.resources = ResourceManager(self.topology)
+        self.order = IslandScheduler(self.policy)
+        self.clients: dict[str, dict[str, Any]] = {}
+        self.hosts_changed = asyncio.Condition()
+        for name in HANDLERS:
+            scheduler.handlers[name] = getattr(self, name[len("pathdask_"):])
+        scheduler.stream_handlers["pathdask-submit"] = self.submit
+        await scheduler.register_worker_plugin(
+            None, dumps(HostRuntime()), name="pathdask", idempotent=False
+        )
+
+    # -- hosts ---------------------------------------------------------------
+    async def register_host(self, address: str, requested: int | None = None) -> dict[str, Any]:
+        rec = self.resources.add_host(address, requested)
+        async with self.hosts_changed:
+            self.hosts_changed.notify_all()
+        logger.info("pathdask: %s is island %d host %d", address, rec.island, rec.host)
+        return {
+            "topology": self.topology.to_dict(),
+            "island": rec.island,
+            "host": rec.host,
+            "ordering": self.ordering,
+            "dispatch_jitter": self.dispatch_jitter,
+        }
+
+    async def wait_hosts(self, n: int | None = None, timeout: Any = "30s") -> int:
+        """Wait until ``n`` hosts (default: all of the topology) have registered."""
+        n = self.topology.num_hosts if n is None else n
+        async with self.hosts_changed:
+            await asyncio.wait_for(
+                self.hosts_changed.wait_for(lambda: len(self.resources.hosts) >= n),
+                parse_timedelta(timeout),
+            )
+        return len(self.resources.hosts)
+
+    def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
+        if self.resources.remove_host(worker) is not None:
+            logger.info("pathdask: host %s left; its devices are gone", worker)
+
+    # -- clients -------------------------------------------------------------
+    def register_client(self, client: str, name: str, weight: float = 1.0) -> dict[str, Any]:
+        self.clients[client] = {"name": name, "weight": weight}
+        return self.info()
+
+    def remove_client(self, scheduler: Scheduler, client: str) -> None:
+        if client not in self.clients:
+            return
+        del self.clients[client]
+        self.resources.release_client(client)
+        for addr in self.resources.hosts:
+            comm = scheduler.stream_comms.get(addr)
+            if comm is not None:
+                comm.send({"op": "pathdask-drop-client", "client": client})
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "topology": self.topology.to_dict(),
+            "devices": self.resources.describe_devices(),
+            "hosts": {a: (h.island, h.host) for a, h in self.resources.hosts.items()},
+            "clients": dict(self.clients),
+            "order": self.order.info(),
+        }
+
+    # -- meshes ----------------------------------------------------------------
+    def mesh(self, client: str, shape: dict[str, int], island: int | None = None) -> dict[str, Any]:
+        sl, devices = self.resources.allocate(client, shape, island)
+        return {"slice": sl.id, "devices": [(d.id, d.island, d.host, d.index, d.address) for d in devices]}
+
+    def release_slice(self, slice_id: str) -> None:
+        self.resources.release(slice_id)
+
+    # -- programs --------------------------------------------------------------
+    def submit(self, client: str, pid: str, hosts: dict[str, list[int]]) -> None:
+        """Slot a program and tell each of its hosts where it goes in their devices' order."""
+        for slot, sub in self.order.submit(Submission(pid, client, hosts)):
+            if not self.ordering:
+                continue
+            for addr, devices in sub.hosts.items():
+                comm = self.scheduler.stream_comms.get(addr)
+                if comm is None:
+                    logger.error("pathdask: program %s uses host %s, which is gone", pid, addr)
+                    continue
+                comm.send({"op": "pathdask-order", "programs": [(sub.pid, sub.client, devices)]})
+
+    # -- observation -------------------------------------------------------------
+    async def stats(self) -> dict[str, Any]:
+        replies = await self.scheduler.broadcast(msg={"op": "pathdask_stats"})
+        return _merge(replies)
+
+    async def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
+        """Wait until every host holds no buffers; raises ``TimeoutError`` otherwise."""
+        replies = await asyncio.wait_for(
+            self.scheduler.broadcast(msg={"op": "pathdask_wait_idle"}), parse_timedelta(timeout)
+        )
+        return _merge(replies)
+
+
+def _merge(replies: dict[str, Any]) -> dict[str, Any]:
+    devices: dict[int, Any] = {}
+    links: dict[str, dict[str, int]] = {}
+    programs = 0
+    for reply in replies.values():
+        if not isinstance(reply, dict) or "devices" not in reply:
+            continue
+        devices.update({int(k): v for k, v in reply["devices"].items()})
+        for cls, v in reply["links"].items():
+            agg = links.setdefault(cls, {"bytes": 0, "transfers": 0})
+            agg["bytes"] += v["bytes"]
+            agg["transfers"] += v["transfers"]
+        programs += reply["programs"]
+    return {"devices": dict(sorted(devices.items())), "links": links, "programs": programs}

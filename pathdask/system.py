@@ -1,0 +1,124 @@
+"""``LocalSystem``: an embedded pathdask cluster on a Dask ``LocalCluster``."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from distributed import Client as DaskClient
+from distributed import LocalCluster
+
+from .client.client import Client
+from .scheduler.plugin import PathwaysScheduler
+from .topology import Topology
+
+__all__ = ["LocalSystem", "default_topology"]
+
+DEFAULT_TOPOLOGY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cluster", "local.yaml")
+
+
+def default_topology() -> Topology:
+    """``cluster/local.yaml`` when it is there (a source checkout), else the same built in."""
+    return Topology.load(DEFAULT_TOPOLOGY) if os.path.exists(DEFAULT_TOPOLOGY) else Topology()
+
+
+class LocalSystem:
+    """A ``LocalCluster`` with one worker per host and pathdask's plugins installed.
+
+    Parameters
+    ----------
+    topology : Topology, optional
+        Defaults to ``cluster/local.yaml`` (2 islands x 2 hosts x 2 devices).
+    processes : bool
+        One process per host (the default) or all hosts in this process.
+    dashboard_address : str or None
+        Where the Dask dashboard listens; ``None`` disables it.
+    ordering, dispatch_jitter
+        Test-only switches, see :class:`~pathdask.scheduler.plugin.PathwaysScheduler`.
+
+    Examples
+    --------
+    >>> with LocalSystem(Topology(islands=1, hosts_per_island=2)) as system:
+    ...     client = system.client(name="alice")
+    """
+
+    def __init__(self, topology: Topology | None = None, *, processes: bool = True,
+                 dashboard_address: str | None = "127.0.0.1:0", threads_per_worker: int = 1,
+                 ordering: bool = True, dispatch_jitter: float = 0.0, silence_logs: int = logging.ERROR,
+                 **cluster_kwargs: Any) -> None:
+        self.topology = topology or default_topology()
+        self._plugin = PathwaysScheduler(self.topology, ordering=ordering, dispatch_jitter=dispatch_jitter)
+        self._cluster_kwargs = dict(
+            n_workers=self.topology.num_hosts, threads_per_worker=threads_per_worker,
+            processes=processes, host="127.0.0.1", protocol="tcp", dashboard_address=dashboard_address,
+            worker_dashboard_address=None, silence_logs=silence_logs, **cluster_kwargs,
+        )
+        self.cluster: LocalCluster | None = None
+        self._admin: DaskClient | None = None
+        self._clients: list[Client] = []
+
+    def start(self) -> LocalSystem:
+        if self.cluster is not None:
+            return self
+        self.cluster = LocalCluster(**self._cluster_kwargs)
+        try:
+            self._admin = DaskClient(self.cluster, set_as_default=False)
+            self._admin.register_plugin(self._plugin, name="pathdask")
+            self._admin.sync(self._admin.scheduler.pathdask_wait_hosts)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    @property
+    def scheduler_address(self) -> str:
+        return self._require().scheduler_address
+
+    @property
+    def dashboard_link(self) -> str | None:
+        return self._require().dashboard_link if self._cluster_kwargs["dashboard_address"] else None
+
+    def _require(self) -> LocalCluster:
+        if self.cluster is None:
+            raise RuntimeError("This LocalSystem is not started; use `with LocalSystem(...)` or .start()")
+        return self.cluster
+
+    def client(self, name: str = "client", weight: float = 1.0) -> Client:
+        """A new pathdask client (one tenant) connected to this system."""
+        c = Client(self.scheduler_address, name=name, weight=weight)
+        self._clients.append(c)
+        return c
+
+    def _admin_call(self, handler: str, **kwargs: Any) -> Any:
+        assert self._admin is not None
+        return self._admin.sync(getattr(self._admin.scheduler, handler), **kwargs)
+
+    def device_stats(self) -> dict[str, Any]:
+        """Per device bytes in use, capacity, peak, busy time and gangs run; bytes per link class."""
+        return dict(self._admin_call("pathdask_stats"))
+
+    def devices(self) -> list[dict[str, Any]]:
+        """Every device with its island, host, slices and state."""
+        return list(self._admin_call("pathdask_info")["devices"])
+
+    def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
+        """Wait until no device holds a buffer; returns the stats, or raises ``TimeoutError``."""
+        return dict(self._admin_call("pathdask_wait_idle", timeout=timeout))
+
+    def close(self) -> None:
+        for c in self._clients:
+            c.close()
+        self._clients.clear()
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
+        if self.cluster is not None:
+            self.cluster.close()
+            self.cluster = None
+
+    def __enter__(self) -> LocalSystem:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""The data plane: the host runtime that lives in each Dask worker."""

@@ -1,0 +1,89 @@
+"""Device streams: one thread per modelled device, running gangs in the global order."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from ..topology import DeviceInfo
+from .execute import run_op
+
+if TYPE_CHECKING:
+    from .runtime import HostRuntime
+
+
+class DeviceStream:
+    """A FIFO stream of programs for one device.
+
+    Program ids enter ``order`` in slot order (from the scheduler's order
+    messages). The stream runs the head only once its ops have been dispatched
+    to this host, and never runs ahead of it, even if a later program is ready:
+    that is what keeps collectives free of deadlock.
+    """
+
+    def __init__(self, rt: HostRuntime, info: DeviceInfo) -> None:
+        self.rt = rt
+        self.info = info
+        self.order: deque[str] = deque()
+        self.cond = threading.Condition()
+        self.closing = False
+        self.busy_s = 0.0
+        self.gangs_run = 0
+        self.running: str | None = None
+        self.gaps: deque[float] = deque(maxlen=4096)  # idle time between back-to-back gangs
+        self.thread = threading.Thread(
+            target=self._run, name=f"pathdask-device-{info.id}", daemon=True
+        )
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def enqueue(self, pid: str) -> None:
+        with self.cond:
+            self.order.append(pid)
+            self.cond.notify()
+
+    def wake(self) -> None:
+        with self.cond:
+            self.cond.notify()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closing = True
+            self.cond.notify()
+
+    @property
+    def pending(self) -> int:
+        return len(self.order)
+
+    def _next(self) -> str | None:
+        with self.cond:
+            while not self.closing:
+                if self.order and self.rt.is_dispatched(self.order[0], self.info.id):
+                    pid = self.order.popleft()
+                    self.running = pid
+                    return pid
+                # The head is not dispatched yet: wait, and never run a later program first.
+                self.cond.wait()
+            return None
+
+    def _run(self) -> None:
+        last_end: float | None = None  # end of the previous gang if another one was queued
+        while True:
+            pid = self._next()
+            if pid is None:
+                return
+            prog = self.rt.programs.get(pid)
+            ops = prog.plan.ops.get(self.info.id, ()) if prog is not None else ()
+            for i, op in enumerate(ops):
+                assert prog is not None
+                if last_end is not None:
+                    self.gaps.append(time.perf_counter() - last_end)
+                run_op(self.rt, prog, self.info, op)
+                self.gangs_run += 1
+                backlog = i + 1 < len(ops) or bool(self.order)
+                last_end = time.perf_counter() if backlog else None
+            self.running = None
+            self.rt.device_done(pid, self.info.id)

@@ -1,0 +1,134 @@
+"""Running one device's part of a gang: kernels, reshards and puts."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from ..collectives import bind
+from ..errors import ShapeMismatchError
+from ..ops import GangSpec, KernelOp, Op, OutSpec, PutOp, ReshardOp
+from ..topology import DeviceInfo
+from .transfer import Aborted, wait_until
+
+if TYPE_CHECKING:
+    from .runtime import HostProgram, HostRuntime
+
+
+class KernelContext:
+    """The gang context a kernel body sees: its mesh position and an exchange."""
+
+    def __init__(self, rt: HostRuntime, prog: HostProgram, gang: GangSpec, device: DeviceInfo, position: int) -> None:
+        self.rt, self.prog, self.gang, self.device = rt, prog, gang, device
+        self.mesh = gang.mesh
+        self.position = position
+        self.seq = 0
+
+    def exchange(self, sends: dict[int, np.ndarray], sources: Sequence[int], like: np.ndarray) -> dict[int, np.ndarray]:
+        seq, self.seq = self.seq, self.seq + 1
+        devices = self.mesh.devices
+        got = self.rt.exchange(
+            self.prog.pid, self.gang.index, seq, self.device,
+            {devices[p]: np.ascontiguousarray(a) for p, a in sends.items()},
+            {devices[p].id for p in sources},
+        )
+        return {p: got[devices[p].id] for p in sources}
+
+
+def _outputs(op: Op) -> tuple[OutSpec, ...]:
+    if isinstance(op, KernelOp):
+        return op.outputs
+    if isinstance(op, ReshardOp):
+        return (op.output,) if op.output is not None else ()
+    return (op.output,)
+
+
+def _check(gang: GangSpec, outs: Any, specs: tuple[OutSpec, ...]) -> tuple[np.ndarray, ...]:
+    values = outs if isinstance(outs, tuple) else (outs,)
+    if len(values) != len(specs):
+        raise ShapeMismatchError(
+            f"Function {gang.name!r} returned {len(values)} output(s) on this device, but "
+            f"{len(specs)} were inferred; a body must return the same structure on every call"
+        )
+    arrays = []
+    for i, (v, s) in enumerate(zip(values, specs)):
+        a = np.asarray(v)
+        if a.shape != s.shape or a.dtype != np.dtype(s.dtype):
+            raise ShapeMismatchError(
+                f"Function {gang.name!r} output {i}: expected a block of shape {s.shape} and "
+                f"dtype {s.dtype} (inferred for this input signature), got shape {a.shape} and "
+                f"dtype {a.dtype}. Shapes are static: make the body's block shapes depend only "
+                "on its input shapes"
+            )
+        arrays.append(np.ascontiguousarray(a))
+    return tuple(arrays)
+
+
+def run_op(rt: HostRuntime, prog: HostProgram, device: DeviceInfo, op: Op) -> None:
+    """Run ``op`` on ``device``; on failure its outputs carry the error and the gang aborts."""
+    gang = prog.plan.gangs[op.gang]
+    outs = _outputs(op)
+    dev = device.id
+    allocated = 0
+    try:
+        inputs = _read_inputs(rt, prog, op, dev)  # first, so that reads are counted on every path
+        cause = prog.check(op.gang)
+        if cause is not None:
+            raise Aborted(cause)
+        allocated = sum(o.nbytes for o in outs)
+        rt.store.allocate(dev, allocated, lambda: prog.check(op.gang))
+        start = time.perf_counter()
+        if isinstance(op, KernelOp):
+            assert gang.body is not None
+            ctx = KernelContext(rt, prog, gang, device, op.position)
+            with bind(ctx), np.errstate(all="ignore"):
+                values = _check(gang, gang.body(*inputs), op.outputs)
+            wait_until(start + gang.cost_s, lambda: prog.check(op.gang))
+        elif isinstance(op, ReshardOp):
+            values = _reshard(rt, prog, op, device, inputs)
+        else:
+            assert isinstance(op, PutOp)
+            values = (op.data,)
+        rt.account(dev, time.perf_counter() - start)
+    except BaseException as e:  # noqa: BLE001 - every failure is contained to its gang
+        if allocated:
+            rt.store.unallocate(dev, allocated)
+        cause = e.cause if isinstance(e, Aborted) else e
+        for o in outs:
+            rt.store.fail((prog.pid, o.vid), dev, cause)
+        if not isinstance(e, Aborted):
+            rt.abort_gang(prog, gang, cause)
+        return
+    for o, v in zip(outs, values):
+        rt.store.put((prog.pid, o.vid), dev, v, o.nbytes)
+
+
+def _read_inputs(rt: HostRuntime, prog: HostProgram, op: Op, dev: int) -> list[np.ndarray]:
+    """Read (and count as read) every input; the first error is raised after all are counted."""
+    refs = op.inputs if isinstance(op, KernelOp) else ((op.input,) if isinstance(op, ReshardOp) and op.input else ())
+    values, error = [], None
+    for ref in refs:
+        try:
+            values.append(rt.store.read(prog.resolve(ref), dev))
+        except BaseException as e:  # noqa: BLE001
+            error = error or e
+    if error is not None:
+        raise error
+    return values
+
+
+def _reshard(rt: HostRuntime, prog: HostProgram, op: ReshardOp, device: DeviceInfo, inputs: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    src = inputs[0] if inputs else None
+    sends = {}
+    for dst, index in op.sends:
+        assert src is not None
+        sends[dst] = np.ascontiguousarray(src[index])
+    got = rt.exchange(prog.pid, op.gang, 0, device, sends, {s for s, _ in op.recvs})
+    if op.output is None:
+        return ()
+    out = np.empty(op.output.shape, dtype=op.output.dtype)
+    for s, index in op.recvs:
+        out[index] = got[s]
+    return (out,)

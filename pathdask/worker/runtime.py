@@ -1,0 +1,327 @@
+"""``HostRuntime``: the worker plugin that is one Pathways host.
+
+It owns the host's device streams, its buffer store, its mailbox and link
+model, and the one-way comms to its peer hosts. It is installed by the
+scheduler plugin under the name ``"pathdask"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import dask
+import numpy as np
+from distributed import WorkerPlugin
+from distributed.batched import BatchedSend
+from distributed.comm import connect
+from distributed.protocol import to_serialize
+
+from ..errors import GangAbortedError
+from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, ReshardOp, Ref
+from ..topology import DeviceInfo, Topology, device_info
+from .device import DeviceStream
+from .store import BufferStore
+from .transfer import LinkModel, Mailbox, wait_until
+
+if TYPE_CHECKING:
+    from distributed import Worker
+
+logger = logging.getLogger("pathdask.worker")
+
+OUT_PREFIX = "pathdask-out-"
+
+
+@dataclass
+class HostProgram:
+    """A program as registered on one host; ``check`` tells whether a gang was aborted."""
+
+    pid: str
+    plan: HostPlan
+    inputs: tuple[BufferKey, ...]
+    client: str
+    mailbox: Mailbox
+    remaining: set[int] = field(default_factory=set)
+
+    def resolve(self, ref: Ref) -> BufferKey:
+        if ref.kind == "in":
+            src = self.inputs[ref.index]
+            return (src[0], int(src[1]))
+        return (self.pid, ref.index)
+
+    def check(self, gang: int) -> BaseException | None:
+        return self.mailbox.check(self.pid, gang)
+
+
+class HostRuntime(WorkerPlugin):
+    """The data plane of one host. See the module docstring."""
+
+    name = "pathdask"
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+
+    # -- lifecycle -------------------------------------------------------------
+    async def setup(self, worker: Worker) -> None:
+        self.worker = worker
+        self.address = worker.address
+        self.loop = asyncio.get_running_loop()
+        requested = dask.config.get("pathdask.worker.host", None)
+        if requested is None and isinstance(worker.name, int):
+            requested = worker.name
+        reply = await worker.scheduler.pathdask_register_host(
+            address=worker.address, requested=requested
+        )
+        self.topology = Topology.from_dict(reply["topology"])
+        self.island, self.host = reply["island"], reply["host"]
+        self.ordering: bool = reply["ordering"]
+        self.jitter: float = reply["dispatch_jitter"]
+        self.devices: dict[int, DeviceInfo] = {
+            d.id: DeviceInfo(d.id, d.island, d.host, d.index, worker.address)
+            for d in self.topology.devices_of_host(self.island, self.host)
+        }
+        self.store = BufferStore({d: self.topology.hbm for d in self.devices}, self.loop)
+        self.mailbox = Mailbox()
+        self.links = LinkModel(self.topology)
+        self.programs: dict[str, HostProgram] = {}
+        self.dropped: dict[str, BaseException] = {}
+        self.order_clients: dict[str, str] = {}
+        #: (program, output index) -> (value id, device) pairs its Dask key owns here
+        self.owned: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
+        self.lock = threading.Lock()
+        self.peers: dict[str, BatchedSend] = {}
+        self.peer_backlog: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.streams = {d: DeviceStream(self, info) for d, info in self.devices.items()}
+        worker.handlers.update(
+            pathdask_stream=self._handle_peer_stream,
+            pathdask_fetch=self.fetch,
+            pathdask_stats=self.stats,
+            pathdask_wait_idle=self.wait_idle,
+        )
+        worker.stream_handlers.update({
+            "pathdask-order": self.on_order,
+            "pathdask-xfer": self.on_xfer,
+            "pathdask-abort": self.on_abort,
+            "pathdask-drop-client": self.drop_client,
+        })
+        for s in self.streams.values():
+            s.start()
+        logger.info("pathdask host i%d h%d up with devices %s", self.island, self.host, list(self.devices))
+
+    async def teardown(self, worker: Worker) -> None:
+        cause = GangAbortedError(f"host {worker.address} is shutting down")
+        for pid in list(self.programs):
+            self.drop_program(pid, cause)
+        for s in self.streams.values():
+            s.close()
+        for s in self.streams.values():
+            await asyncio.to_thread(s.thread.join, 5)
+        for bs in self.peers.values():
+            bs.abort()
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        """Free a program output's buffers once its Dask key is released."""
+        if finish == "released" and isinstance(key, tuple) and str(key[0]).startswith(OUT_PREFIX):
+            pid, k = str(key[0])[len(OUT_PREFIX):], int(key[1])
+            for vid, dev in self.owned.pop((pid, k), ()):
+                self.store.release((pid, vid), dev)
+
+    # -- control: order and dispatch ---------------------------------------
+    def on_order(self, programs: list[tuple[str, str, list[int]]]) -> None:
+        """Order message from the scheduler: these programs, in slot order, use these devices."""
+        for pid, client, devices in programs:
+            self.order_clients[pid] = client
+            if not self.ordering:
+                continue
+            for d in devices:
+                if pid in self.dropped:
+                    break
+                self.streams[d].enqueue(pid)
+
+    async def dispatch(self, pid: str, plan: HostPlan, inputs: tuple[BufferKey, ...], client: str) -> str:
+        """Register this host's part of a program; returns at once, before execution."""
+        if self.jitter:
+            await asyncio.sleep(random.uniform(0, self.jitter))  # test-only: reorder arrivals
+        if pid in self.dropped:
+            return pid
+        prog = HostProgram(pid, plan, tuple(inputs), client, self.mailbox, set(plan.ops))
+        store = self.store
+        for dev, ops in plan.ops.items():
+            for op in ops:
+                refs = op.inputs if isinstance(op, KernelOp) else (
+                    (op.input,) if isinstance(op, ReshardOp) and op.input is not None else ()
+                )
+                for ref in refs:
+                    store.declare(prog.resolve(ref), dev, consumers=1)
+        for k, pairs in plan.owned.items():
+            for vid, dev in pairs:
+                store.declare((pid, vid), dev, owned=True)
+            self.owned[(pid, k)] = pairs
+        with self.lock:
+            self.programs[pid] = prog
+        for dev in plan.ops:
+            if self.ordering:
+                self.streams[dev].wake()
+            else:
+                self.streams[dev].enqueue(pid)
+        return pid
+
+    def is_dispatched(self, pid: str, device: int) -> bool:
+        return pid in self.programs or pid in self.dropped
+
+    def device_done(self, pid: str, device: int) -> None:
+        with self.lock:
+            prog = self.programs.get(pid)
+            if prog is None:
+                return
+            prog.remaining.discard(device)
+            if prog.remaining:
+                return
+            del self.programs[pid]
+            self.order_clients.pop(pid, None)
+        self.mailbox.finish_program(pid)
+
+    # -- data plane: exchange ----------------------------------------------------
+    def exchange(
+        self, pid: str, gang: int, seq: int, me: DeviceInfo,
+        sends: dict[DeviceInfo, np.ndarray], sources: set[int],
+    ) -> dict[int, np.ndarray]:
+        """Send pieces to devices and wait for the pieces from ``sources`` (device thread)."""
+        import time
+
+        start = time.perf_counter()
+        remote: dict[str, list[tuple[tuple[str, int, int, int], int, Any]]] = defaultdict(list)
+        for dst, value in sends.items():
+            key = (pid, gang, seq, dst.id)
+            if dst.address == self.address:
+                self.mailbox.deliver(key, me.id, value)
+            else:
+                remote[dst.address].append((key, me.id, to_serialize(value)))
+        for addr, pieces in remote.items():
+            self.loop.call_soon_threadsafe(self._send, addr, {"op": "pathdask-xfer", "pieces": pieces})
+        got = self.mailbox.collect((pid, gang, seq, me.id), sources)
+        deadline = start
+        for src, value in got.items():
+            arrival = self.links.arrival(device_info(self.topology, src), me, value.nbytes, start)
+            deadline = max(deadline, arrival)
+        wait_until(deadline, lambda: self.mailbox.check(pid, gang))
+        return got
+
+    def on_xfer(self, pieces: list[Any]) -> None:
+        for key, src, value in pieces:
+            self.mailbox.deliver(tuple(key), src, value)  # type: ignore[arg-type]
+
+    def _send(self, addr: str, msg: dict[str, Any]) -> None:
+        bs = self.peers.get(addr)
+        if bs is not None:
+            bs.send(msg)
+            return
+        backlog = self.peer_backlog[addr]
+        backlog.append(msg)
+        if len(backlog) == 1:
+            asyncio.ensure_future(self._connect(addr))
+
+    async def _connect(self, addr: str) -> None:
+        try:
+            comm = await connect(addr, **self.worker.connection_args)  # type: ignore[union-attr]
+            await comm.write({"op": "pathdask_stream", "reply": False})
+        except Exception:
+            logger.exception("pathdask: cannot open a stream to peer host %s", addr)
+            self.peer_backlog.pop(addr, None)
+            return
+        bs = BatchedSend(interval="0ms")
+        bs.start(comm)
+        self.peers[addr] = bs
+        for msg in self.peer_backlog.pop(addr, []):
+            bs.send(msg)
+
+    async def _handle_peer_stream(self, comm: Any) -> None:
+        assert self.worker is not None
+        await self.worker.handle_stream(comm)
+
+    # -- failures and cancellation ----------------------------------------------
+    def abort_gang(self, prog: HostProgram, gang: GangSpec, cause: BaseException) -> None:
+        """A member of ``gang`` failed: wake every member, here and on other hosts."""
+        self.mailbox.abort_gang(prog.pid, gang.index, cause)
+        for addr in {m.address for m in gang.members} - {self.address}:
+            self.loop.call_soon_threadsafe(
+                self._send, addr,
+                {"op": "pathdask-abort", "pid": prog.pid, "gang": gang.index, "cause": to_serialize(cause)},
+            )
+
+    def on_abort(self, pid: str, gang: int, cause: BaseException) -> None:
+        self.mailbox.abort_gang(pid, gang, cause)
+
+    def drop_program(self, pid: str, cause: BaseException) -> None:
+        """Drop a program: its gangs abort, its buffers are freed, its devices move on."""
+        self.dropped[pid] = cause
+        self.mailbox.drop_program(pid, cause)
+        self.store.drop_program(pid, cause)
+        for s in self.streams.values():
+            s.wake()
+
+    def drop_client(self, client: str) -> None:
+        """Drop every pending program of a client that has gone away."""
+        cause = GangAbortedError(f"client {client} closed or was lost; its programs were dropped")
+        with self.lock:
+            pids = {p for p, prog in self.programs.items() if prog.client == client}
+        pids |= {p for p, c in self.order_clients.items() if c == client}
+        for pid in pids:
+            self.drop_program(pid, cause)
+
+    # -- observation -------------------------------------------------------------
+    def account(self, device: int, seconds: float) -> None:
+        self.streams[device].busy_s += seconds
+
+    async def fetch(self, buffers: list[tuple[str, int, int]]) -> list[Any]:
+        """The values of program buffers on this host, once computed (client ``.result()``)."""
+        out = []
+        for pid, vid, dev in buffers:
+            out.append(to_serialize(await self.store.wait_value((pid, vid), dev)))
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        mem = self.store.stats()
+        devices = {}
+        for d, s in self.streams.items():
+            devices[d] = {
+                **mem[d],
+                "island": self.island,
+                "host": self.host,
+                "index": self.devices[d].index,
+                "address": self.address,
+                "busy_s": s.busy_s,
+                "gangs_run": s.gangs_run,
+                "pending_programs": s.pending,
+                "gaps": list(s.gaps),
+            }
+        return {
+            "devices": devices,
+            "links": self.links.stats(),
+            "programs": len(self.programs),
+            "mailbox": self.mailbox.pending(),
+        }
+
+    async def wait_idle(self) -> dict[str, Any]:
+        """Wait until this host holds no buffers and runs no program; return its stats."""
+        await self.store.wait_empty()
+        return self.stats()
+
+
+def runtime() -> HostRuntime:
+    """The host runtime of the worker running the current task."""
+    from distributed import get_worker
+
+    rt = get_worker().plugins.get("pathdask")
+    if not isinstance(rt, HostRuntime):
+        raise RuntimeError(
+            "This Dask worker has no pathdask host runtime; start the cluster with "
+            "pathdask.LocalSystem or the dask CLI with --preload pathdask.preload"
+        )
+    return rt

@@ -1,0 +1,220 @@
+"""HBM-modelled buffer stores with ownership, reference counts and back-pressure.
+
+One :class:`BufferStore` per host holds the buffers of all its devices. A
+buffer lives while an output key owns it or a registered consumer still has
+to read it; when both are gone it is freed and its bytes return to the device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+from dask.utils import format_bytes
+
+from ..errors import DeviceOutOfMemoryError
+from ..ops import BufferKey
+
+StoreKey = tuple[str, int, int]  # (program id, value id, device id)
+
+
+class BufferFreedError(RuntimeError):
+    """A buffer was read after it had been freed (a bug in reference counting)."""
+
+
+@dataclass
+class Buffer:
+    key: StoreKey
+    program: str
+    state: str = "pending"  # pending -> ready | error
+    value: np.ndarray | None = None
+    error: BaseException | None = None
+    nbytes: int = 0  # bytes counted against HBM (0 until allocated)
+    refs: int = 0  # registered consumers that have not read it yet
+    owners: int = 0  # output keys that hold it
+    waiters: list[asyncio.Future[Any]] = field(default_factory=list)
+
+
+@dataclass
+class DeviceMemory:
+    capacity: int
+    used: int = 0
+    peak: int = 0
+
+
+class BufferStore:
+    """Buffers of one host's devices. Thread-safe: device threads and the event loop use it."""
+
+    def __init__(self, capacities: dict[int, int], loop: asyncio.AbstractEventLoop) -> None:
+        self.memory = {d: DeviceMemory(c) for d, c in capacities.items()}
+        self.buffers: dict[StoreKey, Buffer] = {}
+        self.cond = threading.Condition()
+        self.loop = loop
+        self._empty_waiters: list[asyncio.Future[Any]] = []
+
+    # -- registration (dispatch time) --------------------------------------
+    def declare(self, key: BufferKey, device: int, *, owned: bool = False, consumers: int = 0) -> None:
+        skey = (key[0], key[1], device)
+        with self.cond:
+            buf = self.buffers.get(skey)
+            if buf is None:
+                buf = self.buffers[skey] = Buffer(skey, key[0])
+            buf.owners += int(owned)
+            buf.refs += consumers
+
+    # -- allocation (device time) ------------------------------------------
+    def allocate(self, device: int, nbytes: int, is_aborted: Callable[[], BaseException | None]) -> None:
+        """Reserve ``nbytes`` on ``device``, waiting for frees while it does not fit."""
+        mem = self.memory[device]
+        if nbytes > mem.capacity:
+            raise DeviceOutOfMemoryError(
+                f"Device {device} cannot hold an allocation of {format_bytes(nbytes)}: its HBM "
+                f"capacity is {format_bytes(mem.capacity)} with {format_bytes(mem.used)} in use. "
+                "Shard the array over more devices or use a topology with more hbm."
+            )
+        with self.cond:
+            while mem.used + nbytes > mem.capacity:
+                exc = is_aborted()
+                if exc is not None:
+                    raise exc
+                self.cond.wait(0.05)  # back-pressure: a free or an abort wakes us
+            mem.used += nbytes
+            mem.peak = max(mem.peak, mem.used)
+
+    def unallocate(self, device: int, nbytes: int) -> None:
+        with self.cond:
+            self.memory[device].used -= nbytes
+            self.cond.notify_all()
+
+    # -- values ---------------------------------------------------------------
+    def put(self, key: BufferKey, device: int, value: np.ndarray, nbytes: int) -> None:
+        """Store a computed value whose ``nbytes`` were allocated already."""
+        value.flags.writeable = False  # buffers are immutable, as on a real device
+        with self.cond:
+            buf = self.buffers.get((key[0], key[1], device))
+            if buf is None:  # dropped while it was being computed
+                self.memory[device].used -= nbytes
+                self.cond.notify_all()
+                return
+            buf.value, buf.state, buf.nbytes = value, "ready", nbytes
+            self._wake(buf)
+            self._maybe_free(buf)
+
+    def fail(self, key: BufferKey, device: int, error: BaseException) -> None:
+        with self.cond:
+            buf = self.buffers.get((key[0], key[1], device))
+            if buf is None or buf.state != "pending":
+                return
+            buf.error, buf.state = error, "error"
+            self._wake(buf)
+            self._maybe_free(buf)
+
+    def read(self, key: BufferKey, device: int, *, consume: bool = True) -> np.ndarray:
+        """The value of a ready buffer; ``consume`` counts one registered read done."""
+        with self.cond:
+            buf = self.buffers.get((key[0], key[1], device))
+            if buf is None:
+                raise BufferFreedError(
+                    f"Buffer {key} on device {device} is not in the store: it was freed or "
+                    "never produced on this device"
+                )
+            if consume:
+                buf.refs -= 1
+            try:
+                if buf.state == "error":
+                    assert buf.error is not None
+                    raise buf.error
+                if buf.state != "ready":
+                    raise BufferFreedError(f"Buffer {key} on device {device} is not computed yet")
+                assert buf.value is not None
+                return buf.value
+            finally:
+                self._maybe_free(buf)
+
+    def release(self, key: BufferKey, device: int, consumers: int = 0) -> None:
+        """Drop ownership (output key released) and/or ``consumers`` pending reads."""
+        with self.cond:
+            buf = self.buffers.get((key[0], key[1], device))
+            if buf is None:
+                return
+            if consumers:
+                buf.refs -= consumers
+            else:
+                buf.owners -= 1
+            self._maybe_free(buf)
+
+    def drop_program(self, program: str, error: BaseException) -> None:
+        """Free every buffer a dropped program produced, failing its waiters."""
+        with self.cond:
+            for buf in [b for b in self.buffers.values() if b.program == program]:
+                if buf.state == "pending":
+                    buf.error, buf.state = error, "error"
+                    self._wake(buf)
+                self._free(buf)
+
+    # -- waiting from the event loop ---------------------------------------
+    async def wait_value(self, key: BufferKey, device: int) -> np.ndarray:
+        with self.cond:
+            buf = self.buffers.get((key[0], key[1], device))
+            if buf is None:
+                raise BufferFreedError(f"Buffer {key} on device {device} is not in the store")
+            if buf.state == "pending":
+                fut = self.loop.create_future()
+                buf.waiters.append(fut)
+            else:
+                fut = None
+        if fut is not None:
+            await fut
+        if buf.state == "error":
+            assert buf.error is not None
+            raise buf.error
+        assert buf.value is not None
+        return buf.value
+
+    async def wait_empty(self) -> None:
+        with self.cond:
+            if not self.buffers:
+                return
+            fut = self.loop.create_future()
+            self._empty_waiters.append(fut)
+        await fut
+
+    # -- internals (hold self.cond) ----------------------------------------
+    def _wake(self, buf: Buffer) -> None:
+        waiters, buf.waiters = buf.waiters, []
+        for fut in waiters:
+            self.loop.call_soon_threadsafe(_resolve, fut)
+
+    def _maybe_free(self, buf: Buffer) -> None:
+        if buf.state != "pending" and buf.refs <= 0 and buf.owners <= 0:
+            self._free(buf)
+
+    def _free(self, buf: Buffer) -> None:
+        if self.buffers.pop(buf.key, None) is None:
+            return
+        if buf.nbytes:
+            self.memory[buf.key[2]].used -= buf.nbytes
+        buf.value = None
+        self.cond.notify_all()
+        if not self.buffers:
+            waiters, self._empty_waiters = self._empty_waiters, []
+            for fut in waiters:
+                self.loop.call_soon_threadsafe(_resolve, fut)
+
+    def stats(self) -> dict[int, dict[str, int]]:
+        with self.cond:
+            count: dict[int, int] = {d: 0 for d in self.memory}
+            for buf in self.buffers.values():
+                count[buf.key[2]] += 1
+            return {
+                d: {"bytes_in_use": m.used, "capacity": m.capacity, "peak": m.peak, "buffers": count[d]}
+                for d, m in self.memory.items()
+            }
+
+
+def _resolve(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_result(None)

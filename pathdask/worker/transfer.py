@@ -1,0 +1,137 @@
+"""Device-to-device exchange: mailboxes, link models and per-link accounting.
+
+Every collective and every resharding is one *exchange*: a device sends
+pieces to some devices and receives pieces from others, under a key that all
+members of the gang compute the same way ``(program, gang, seq)``. Pieces for
+devices of the same host are handed over in memory; pieces for other hosts
+travel as one-way messages over a Dask comm between the two workers. The
+receiver then holds the data until the modelled arrival time of each piece:
+``latency + nbytes / bandwidth`` of its link class, with FIFO contention per
+(device, link class).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from typing import Callable
+
+import numpy as np
+
+from ..errors import GangAbortedError
+from ..topology import LINK_CLASSES, DeviceInfo, Topology
+
+SlotKey = tuple[str, int, int, int]  # (program, gang, seq, destination device)
+
+
+class Aborted(GangAbortedError):
+    """Raised inside a device thread whose gang was aborted; carries the cause."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"gang aborted: {cause!r}")
+        self.cause = cause
+
+
+class Mailbox:
+    """Pieces that arrived for local devices, by exchange key; thread-safe."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.slots: dict[SlotKey, dict[int, np.ndarray]] = {}
+        self.aborted: dict[tuple[str, int], BaseException] = {}
+        self.dropped: dict[str, BaseException] = {}
+        # Programs finished on this host; late pieces for them are discarded.
+        self.finished: OrderedDict[str, None] = OrderedDict()
+
+    def deliver(self, key: SlotKey, src: int, value: np.ndarray) -> None:
+        with self.cond:
+            if key[0] in self.finished:
+                return
+            self.slots.setdefault(key, {})[src] = value
+            self.cond.notify_all()
+
+    def check(self, program: str, gang: int) -> BaseException | None:
+        """The cause if this gang or its program was aborted, else ``None``."""
+        return self.dropped.get(program) or self.aborted.get((program, gang))
+
+    def collect(self, key: SlotKey, sources: set[int]) -> dict[int, np.ndarray]:
+        """Wait until a piece from every source arrived (or the gang is aborted)."""
+        with self.cond:
+            while True:
+                cause = self.check(key[0], key[1])
+                if cause is not None:
+                    self.slots.pop(key, None)
+                    raise Aborted(cause)
+                got = self.slots.get(key)
+                if got is not None and sources.issubset(got):
+                    return self.slots.pop(key)
+                self.cond.wait()
+
+    def abort_gang(self, program: str, gang: int, cause: BaseException) -> None:
+        with self.cond:
+            if program not in self.finished:
+                self.aborted.setdefault((program, gang), cause)
+            self.cond.notify_all()
+
+    def drop_program(self, program: str, cause: BaseException) -> None:
+        with self.cond:
+            self.dropped[program] = cause
+            self.cond.notify_all()
+
+    def finish_program(self, program: str) -> None:
+        with self.cond:
+            self.finished[program] = None
+            while len(self.finished) > 10_000:
+                self.finished.popitem(last=False)
+            for key in [k for k in self.slots if k[0] == program]:
+                del self.slots[key]
+            for key in [k for k in self.aborted if k[0] == program]:
+                del self.aborted[key]
+            self.dropped.pop(program, None)
+
+    def pending(self) -> int:
+        with self.cond:
+            return len(self.slots)
+
+
+class LinkModel:
+    """Modelled arrival times and bytes moved, per link class, for one host's devices."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.lock = threading.Lock()
+        self.busy_until: dict[tuple[int, str], float] = {}
+        self.bytes: dict[str, int] = dict.fromkeys(LINK_CLASSES, 0)
+        self.transfers: dict[str, int] = dict.fromkeys(LINK_CLASSES, 0)
+
+    def arrival(self, src: DeviceInfo, dst: DeviceInfo, nbytes: int, start: float) -> float:
+        """When a piece sent at ``start`` is modelled to be in ``dst``'s memory."""
+        cls = self.topology.link_class(src, dst)
+        link = self.topology.link(cls)
+        if link is None:
+            return start
+        with self.lock:
+            free_at = max(start, self.busy_until.get((dst.id, cls), 0.0))
+            done = free_at + nbytes / link.bandwidth
+            self.busy_until[(dst.id, cls)] = done
+            self.bytes[cls] += nbytes
+            self.transfers[cls] += 1
+        return done + link.latency
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        with self.lock:
+            return {c: {"bytes": self.bytes[c], "transfers": self.transfers[c]} for c in LINK_CLASSES}
+
+
+def wait_until(deadline: float, is_aborted: Callable[[], BaseException | None] | None = None) -> None:
+    """Hold the calling device thread until ``deadline`` (``time.perf_counter`` clock)."""
+    while True:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            return
+        if is_aborted is not None:
+            cause = is_aborted()
+            if cause is not None:
+                raise Aborted(cause)
+        time.sleep(min(remaining, 0.1))
