@@ -10,7 +10,8 @@ every member computes bit-identical results.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 

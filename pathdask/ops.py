@@ -7,8 +7,9 @@ client per (program, host) and reused for every call with the same signature.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NewType, Union
+from typing import Any, NewType, Union
 
 import numpy as np
 

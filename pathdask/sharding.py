@@ -14,10 +14,17 @@ import numpy as np
 from .errors import ShardingError
 from .mesh import Mesh
 from .spec import PartitionSpec
+from .topology import DeviceInfo
 
 __all__ = ["Sharding", "ReshardPiece", "reshard_plan"]
 
 Index = tuple[slice, ...]
+
+
+def contiguous(a: np.ndarray) -> np.ndarray:
+    """``a`` as a C-contiguous array, copied only if needed; 0-d stays 0-d."""
+    a = np.asarray(a)
+    return a if a.flags.c_contiguous else a.copy(order="C")
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,7 @@ class Sharding:
         """Per-device blocks of ``array``, in mesh position order (copies, contiguous)."""
         if tuple(array.shape) != self.shape:
             raise ShardingError(f"Expected an array of shape {self.shape}, got {array.shape}")
-        return [np.ascontiguousarray(array[ix]) for ix in self.indices()]
+        return [contiguous(array[ix]) for ix in self.indices()]
 
     def assemble(self, blocks: dict[int, np.ndarray], dtype: np.dtype) -> np.ndarray:
         """The global array from per-position blocks (one per distinct block is enough)."""
@@ -162,7 +169,7 @@ def reshard_plan(src: Sharding, dst: Sharding) -> list[ReshardPiece]:
             if overlap is None:
                 continue
 
-            def rank(p: int) -> tuple[int, int, int]:
+            def rank(p: int, tdev: DeviceInfo = tdev) -> tuple[int, int, int]:
                 d = src.mesh.devices[p]
                 distance = (
                     0 if d.id == tdev.id else 1 if d.address == tdev.address

@@ -140,7 +140,7 @@ class PathwaysScheduler(SchedulerPlugin):
     # -- programs --------------------------------------------------------------
     def submit(self, client: str, pid: str, hosts: dict[str, list[int]]) -> None:
         """Slot a program and tell each of its hosts where it goes in their devices' order."""
-        for slot, sub in self.order.submit(Submission(pid, client, hosts)):
+        for _slot, sub in self.order.submit(Submission(pid, client, hosts)):
             if not self.ordering:
                 continue
             for addr, devices in sub.hosts.items():

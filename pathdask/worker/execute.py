@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..collectives import bind
 from ..errors import ShapeMismatchError
 from ..ops import GangSpec, KernelOp, Op, OutSpec, PutOp, ReshardOp
+from ..sharding import contiguous
 from ..topology import DeviceInfo
 from .transfer import Aborted, wait_until
 
@@ -31,7 +33,7 @@ class KernelContext:
         devices = self.mesh.devices
         got = self.rt.exchange(
             self.prog.pid, self.gang.index, seq, self.device,
-            {devices[p]: np.ascontiguousarray(a) for p, a in sends.items()},
+            {devices[p]: contiguous(a) for p, a in sends.items()},
             {devices[p].id for p in sources},
         )
         return {p: got[devices[p].id] for p in sources}
@@ -62,7 +64,7 @@ def _check(gang: GangSpec, outs: Any, specs: tuple[OutSpec, ...]) -> tuple[np.nd
                 f"dtype {a.dtype}. Shapes are static: make the body's block shapes depend only "
                 "on its input shapes"
             )
-        arrays.append(np.ascontiguousarray(a))
+        arrays.append(contiguous(a))
     return tuple(arrays)
 
 
@@ -124,7 +126,7 @@ def _reshard(rt: HostRuntime, prog: HostProgram, op: ReshardOp, device: DeviceIn
     sends = {}
     for dst, index in op.sends:
         assert src is not None
-        sends[dst] = np.ascontiguousarray(src[index])
+        sends[dst] = contiguous(src[index])
     got = rt.exchange(prog.pid, op.gang, 0, device, sends, {s for s, _ in op.recvs})
     if op.output is None:
         return ()

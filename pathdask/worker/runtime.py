@@ -23,7 +23,7 @@ from distributed.comm import connect
 from distributed.protocol import to_serialize
 
 from ..errors import GangAbortedError
-from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, ReshardOp, Ref
+from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, Ref, ReshardOp
 from ..topology import DeviceInfo, Topology, device_info
 from .device import DeviceStream
 from .store import BufferStore
@@ -96,6 +96,7 @@ class HostRuntime(WorkerPlugin):
         self.owned: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
         self.lock = threading.Lock()
         self.peers: dict[str, BatchedSend] = {}
+        self._idle_waiters: list[asyncio.Future[None]] = []
         self.peer_backlog: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.streams = {d: DeviceStream(self, info) for d, info in self.devices.items()}
         worker.handlers.update(
@@ -185,7 +186,10 @@ class HostRuntime(WorkerPlugin):
                 return
             del self.programs[pid]
             self.order_clients.pop(pid, None)
+            idle = not self.programs
         self.mailbox.finish_program(pid)
+        if idle:
+            self.loop.call_soon_threadsafe(self._wake_idle)
 
     # -- data plane: exchange ----------------------------------------------------
     def exchange(
@@ -310,8 +314,21 @@ class HostRuntime(WorkerPlugin):
 
     async def wait_idle(self) -> dict[str, Any]:
         """Wait until this host holds no buffers and runs no program; return its stats."""
-        await self.store.wait_empty()
-        return self.stats()
+        while True:
+            await self.store.wait_empty()
+            if not self.programs:
+                return self.stats()
+            fut = self.loop.create_future()
+            self._idle_waiters.append(fut)
+            if not self.programs:
+                fut.set_result(None)
+            await fut
+
+    def _wake_idle(self) -> None:
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
 
 def runtime() -> HostRuntime:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..ops import HostPlan
 from .runtime import runtime
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -63,9 +63,9 @@ class Mailbox:
                 if cause is not None:
                     self.slots.pop(key, None)
                     raise Aborted(cause)
-                got = self.slots.get(key)
-                if got is not None and sources.issubset(got):
-                    return self.slots.pop(key)
+                got = self.slots.get(key, {})
+                if sources.issubset(got):
+                    return self.slots.pop(key, got)
                 self.cond.wait()
 
     def abort_gang(self, program: str, gang: int, cause: BaseException) -> None:
