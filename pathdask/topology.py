@@ -190,7 +190,7 @@ class Topology:
     def load(cls, path: str | os.PathLike[str]) -> Topology:
         """Load a topology from a YAML file such as ``cluster/local.yaml``."""
         with open(path) as f:
-            data = yaml.safe_load(f) or {}
+            data: dict[str, Any] = yaml.safe_load(f) or {}
         return cls.from_dict(data.get("topology", data))
 
     def to_dict(self) -> dict[str, Any]:

@@ -230,7 +230,9 @@ def test_dask_cli_scale_out(tmp_path: Path, procs: Processes) -> None:
         assert sorted(idle["devices"]) == [0, 1, 2, 3]
         for dev, s in idle["devices"].items():
             assert s["bytes_in_use"] == 0, (dev, s)
+            assert s["buffers"] == 0, (dev, s)
             assert s["pending_programs"] == 0, (dev, s)
+        assert idle["programs"] == 0
         procs.check_alive()
     finally:
         if client is not None:

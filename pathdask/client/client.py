@@ -99,12 +99,10 @@ class Client:
         ``xarray.DataArray`` (``spec`` a mapping ``{dim: mesh_axis}``; its dims,
         coords, attrs and name come back with ``to_xarray()``).
         """
+        import xarray as xr
+
         meta = None
-        try:
-            import xarray as xr
-        except ImportError:  # pragma: no cover - xarray is a dependency
-            xr = None
-        if xr is not None and isinstance(array, xr.DataArray):
+        if isinstance(array, xr.DataArray):
             mapping = dict(spec or {}) if not isinstance(spec, PartitionSpec) else None
             if mapping is not None:
                 unknown = sorted(set(mapping) - set(map(str, array.dims)))
@@ -176,7 +174,7 @@ class Client:
         Inputs must outlive the registration that counts their readers, and no
         dispatch task may be cancelled half-way across hosts.
         """
-        entry = [len(futures), futures, keepalive]
+        entry: list[Any] = [len(futures), futures, keepalive]
         with self._lock:
             self._inflight[pid] = entry
 

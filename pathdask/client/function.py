@@ -68,7 +68,7 @@ class Function:
         if cost is not None and not callable(cost) and not (isinstance(cost, (int, float)) and cost >= 0):
             raise ValueError(f"cost= must be seconds (a number >= 0) or a FLOPs callable, got {cost!r}")
         self.cost = cost
-        self.name = name or getattr(body, "__name__", "function")
+        self.name = str(name or getattr(body, "__name__", "function"))
         self._cache: dict[Any, tuple[tuple[Aval, ...], tuple[Aval, ...], float]] = {}
         self._lock = threading.Lock()
         functools.update_wrapper(self, body)  # type: ignore[arg-type]

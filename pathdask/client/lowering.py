@@ -80,7 +80,7 @@ def _lower_reshard(program: Program, index: int, src_vid: int, dst_vid: int, ref
         s, t = src.mesh.devices[pc.src], dst.mesh.devices[pc.dst]
         sends[s.id].append((t, pc.src_index))
         recvs[t.id].append((s.id, pc.dst_index))
-    by_id = {d.id: d for d in (*src.mesh.devices, *dst.mesh.devices)}
+    by_id: dict[int, DeviceInfo] = {d.id: d for d in (*src.mesh.devices, *dst.mesh.devices)}
     targets = {d.id for d in dst.mesh.devices}
     members = tuple(by_id[i] for i in sorted(set(sends) | targets))
     spec = GangSpec(index, "reshard", members)

@@ -192,7 +192,7 @@ class ProgramFunction:
 
     def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", "program")
+        self.name = str(name or getattr(fn, "__name__", "program"))
         self._cache: dict[Any, Program] = {}
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]

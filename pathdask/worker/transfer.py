@@ -84,10 +84,10 @@ class Mailbox:
             self.finished[program] = None
             while len(self.finished) > 10_000:
                 self.finished.popitem(last=False)
-            for key in [k for k in self.slots if k[0] == program]:
-                del self.slots[key]
-            for key in [k for k in self.aborted if k[0] == program]:
-                del self.aborted[key]
+            for slot in [k for k in self.slots if k[0] == program]:
+                del self.slots[slot]
+            for gang in [k for k in self.aborted if k[0] == program]:
+                del self.aborted[gang]
             self.dropped.pop(program, None)
 
     def pending(self) -> int:

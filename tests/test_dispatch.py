@@ -1,0 +1,61 @@
+"""Parallel dispatch: a program costs O(hosts) Dask tasks, however many gangs it has."""
+
+from __future__ import annotations
+
+import numpy as np
+from distributed import SchedulerPlugin
+
+import pathdask as pw
+from pathdask import P
+
+
+class TaskCounter(SchedulerPlugin):
+    """Counts the tasks of each graph the scheduler receives."""
+
+    def __init__(self) -> None:
+        self.graphs: list[int] = []
+
+    def update_graph(self, scheduler, *, keys, tasks, **kwargs):
+        self.graphs.append(len(tasks))
+
+
+@pw.function(in_specs=P("x"), out_specs=P("x"))
+def step(b):
+    return pw.psum(b, "x") * 0.5 + b
+
+
+def test_task_count_does_not_grow_with_gangs(system, client):
+    client.dask.register_plugin(TaskCounter(), name="task-counter")
+    try:
+        m0, m1 = client.mesh({"x": 4}, island=0), client.mesh({"x": 4}, island=1)
+        a0, a1 = client.put(np.ones(4), m0, P("x")), client.put(np.ones(4), m1, P("x"))
+        a0.result(), a1.result()  # their graphs reached the scheduler before we count
+
+        def chain(n):
+            @pw.program
+            def prog(x, y):
+                for _ in range(n // 2):
+                    x, y = step(x), step(y)
+                return x, y
+            return prog
+
+        counts = {}
+        for n in (2, 32, 128):
+            prog = chain(n)
+            assert len(prog.trace(a0, a1).gangs) == n
+            before = len(client.dask.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["task-counter"].graphs))
+            x, y = prog(a0, a1)
+            ref = np.ones(4)
+            for _ in range(n // 2):
+                ref = ref.sum() * 0.5 + ref
+            np.testing.assert_allclose(x.result(), ref)
+            np.testing.assert_allclose(y.result(), ref)
+            graphs = client.dask.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["task-counter"].graphs)
+            counts[n] = graphs[before:]
+        hosts = system.topology.num_hosts
+        for n, graphs in counts.items():
+            assert len(graphs) == 1, f"{n} gangs were submitted as {len(graphs)} graphs"
+            assert graphs[0] <= 2 * hosts, f"{n} gangs on 8 devices cost {graphs[0]} tasks"
+        assert counts[2] == counts[32] == counts[128]
+    finally:
+        client.dask.unregister_scheduler_plugin("task-counter")
