@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import dask
 import numpy as np
 from dask.utils import parse_timedelta
 from distributed import Client as DaskClient
@@ -47,6 +48,9 @@ class Client:
             self.dask = DaskClient(address, set_as_default=False, timeout=parse_timedelta(timeout))
             self._owns_dask = True
         self.name, self.weight = name, float(weight)
+        self._inflight: dict[str, list[Any]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
         info = self.dask.sync(
             self.dask.scheduler.pathdask_register_client, client=self.dask.id, name=name, weight=weight
         )
@@ -57,9 +61,6 @@ class Client:
                 "it with pathdask.LocalSystem, or with `dask scheduler --preload pathdask.preload`"
             )
         self.topology = Topology.from_dict(info["topology"])
-        self._inflight: dict[str, list[Any]] = {}
-        self._lock = threading.Lock()
-        self._closed = False
 
     @property
     def id(self) -> str:
@@ -157,6 +158,11 @@ class Client:
         """Submit one program as one graph; returns output futures per output and host."""
         if self._closed:
             raise RuntimeError(f"Client {self.name!r} is closed")
+        mode = dask.config.get("pathdask.dispatch")
+        if mode != "parallel":
+            raise NotImplementedError(
+                f"pathdask.dispatch={mode!r} is not built yet; only 'parallel' dispatch is available"
+            )
         graph, keys, out_keys = build_graph(pid, plans, inputs, self.id)
         # Same batched stream as the graph, so the scheduler slots it before it sees the tasks.
         self.dask._send_to_scheduler({

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import dask
 import numpy as np
+from dask.utils import parse_timedelta
 from distributed import WorkerPlugin
 from distributed.batched import BatchedSend
 from distributed.comm import connect
@@ -87,7 +88,7 @@ class HostRuntime(WorkerPlugin):
             for d in self.topology.devices_of_host(self.island, self.host)
         }
         self.store = BufferStore({d: self.topology.hbm for d in self.devices}, self.loop)
-        self.mailbox = Mailbox()
+        self.mailbox = Mailbox(parse_timedelta(dask.config.get("pathdask.collective-timeout")))
         self.links = LinkModel(self.topology)
         self.programs: dict[str, HostProgram] = {}
         self.dropped: dict[str, BaseException] = {}

@@ -36,7 +36,8 @@ class Aborted(GangAbortedError):
 class Mailbox:
     """Pieces that arrived for local devices, by exchange key; thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: float = 120.0) -> None:
+        self.timeout = timeout
         self.cond = threading.Condition()
         self.slots: dict[SlotKey, dict[int, np.ndarray]] = {}
         self.aborted: dict[tuple[str, int], BaseException] = {}
@@ -57,6 +58,7 @@ class Mailbox:
 
     def collect(self, key: SlotKey, sources: set[int]) -> dict[int, np.ndarray]:
         """Wait until a piece from every source arrived (or the gang is aborted)."""
+        deadline = time.monotonic() + self.timeout
         with self.cond:
             while True:
                 cause = self.check(key[0], key[1])
@@ -66,7 +68,16 @@ class Mailbox:
                 got = self.slots.get(key, {})
                 if sources.issubset(got):
                     return self.slots.pop(key, got)
-                self.cond.wait()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    missing = sorted(sources - set(got))
+                    raise GangAbortedError(
+                        f"Device {key[3]} waited {self.timeout:g}s in collective #{key[2]} of gang "
+                        f"{key[1]} for devices {missing}, which never reached it. Every device of "
+                        "a gang must call the same collectives in the same order; raise "
+                        "pathdask.collective-timeout if a peer is just slow"
+                    )
+                self.cond.wait(remaining)
 
     def abort_gang(self, program: str, gang: int, cause: BaseException) -> None:
         with self.cond:
