@@ -27,6 +27,7 @@ logger = logging.getLogger("pathdask.scheduler")
 
 HANDLERS = (
     "pathdask_register_host",
+    "pathdask_host_failed",
     "pathdask_register_client",
     "pathdask_info",
     "pathdask_mesh",
@@ -70,6 +71,7 @@ class PathwaysScheduler(SchedulerPlugin):
         self.order = IslandScheduler(self.policy)
         self.clients: dict[str, dict[str, Any]] = {}
         self.hosts_changed = asyncio.Condition()
+        self.host_failures: dict[str, str] = {}
         for name in HANDLERS:
             scheduler.handlers[name] = getattr(self, name[len("pathdask_"):])
         scheduler.stream_handlers["pathdask-submit"] = self.submit
@@ -91,14 +93,33 @@ class PathwaysScheduler(SchedulerPlugin):
             "dispatch_jitter": self.dispatch_jitter,
         }
 
+    async def host_failed(self, address: str, error: str) -> None:
+        """A worker's host runtime could not start; waiters learn it at once."""
+        logger.error("pathdask: the host runtime on %s failed to start: %s", address, error)
+        self.resources.remove_host(address)
+        self.host_failures[address] = error
+        async with self.hosts_changed:
+            self.hosts_changed.notify_all()
+
     async def wait_hosts(self, n: int | None = None, timeout: Any = "30s") -> int:
         """Wait until ``n`` hosts (default: all of the topology) have registered."""
         n = self.topology.num_hosts if n is None else n
+        seconds = parse_timedelta(timeout)
         async with self.hosts_changed:
-            await asyncio.wait_for(
-                self.hosts_changed.wait_for(lambda: len(self.resources.hosts) >= n),
-                parse_timedelta(timeout),
-            )
+            try:
+                await asyncio.wait_for(
+                    self.hosts_changed.wait_for(
+                        lambda: len(self.resources.hosts) >= n or bool(self.host_failures)
+                    ),
+                    seconds,
+                )
+            except TimeoutError:
+                raise TimeoutError(
+                    f"Only {len(self.resources.hosts)} of {n} pathdask hosts registered within "
+                    f"{seconds:g}s; check that every worker runs the pathdask preload"
+                ) from None
+        if self.host_failures:
+            raise RuntimeError(f"pathdask host runtime(s) failed to start: {self.host_failures}")
         return len(self.resources.hosts)
 
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:

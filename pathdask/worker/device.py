@@ -31,6 +31,8 @@ class DeviceStream:
         self.closing = False
         self.busy_s = 0.0
         self.gangs_run = 0
+        self.exchanges = 0
+        self.exchange_wait_s = 0.0  # real time spent waiting for peers' pieces
         self.running: str | None = None
         self.gaps: deque[float] = deque(maxlen=4096)  # idle time between back-to-back gangs
         self.thread = threading.Thread(

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import random
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ import numpy as np
 from dask.utils import parse_timedelta
 from distributed import WorkerPlugin
 from distributed.batched import BatchedSend
-from distributed.comm import connect
+from distributed.comm import connect, get_address_host
 from distributed.protocol import to_serialize
 
 from ..errors import GangAbortedError
@@ -29,6 +30,7 @@ from ..topology import DeviceInfo, Topology, device_info
 from .device import DeviceStream
 from .store import BufferStore
 from .transfer import LinkModel, Mailbox, wait_until
+from .transport import SocketTransport
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -70,9 +72,20 @@ class HostRuntime(WorkerPlugin):
 
     # -- lifecycle -------------------------------------------------------------
     async def setup(self, worker: Worker) -> None:
+        try:
+            await self._setup(worker)
+        except Exception as e:
+            # Dask only logs a failing plugin; tell the scheduler so that start-up fails loudly.
+            await worker.scheduler.pathdask_host_failed(address=worker.address, error=f"{type(e).__name__}: {e}")
+            raise
+
+    async def _setup(self, worker: Worker) -> None:
         self.worker = worker
         self.address = worker.address
         self.loop = asyncio.get_running_loop()
+        transport = dask.config.get("pathdask.transport")
+        if transport not in ("socket", "dask"):
+            raise ValueError(f"pathdask.transport must be 'socket' or 'dask', got {transport!r}")
         requested = dask.config.get("pathdask.worker.host", None)
         if requested is None and isinstance(worker.name, int):
             requested = worker.name
@@ -90,6 +103,10 @@ class HostRuntime(WorkerPlugin):
         self.store = BufferStore({d: self.topology.hbm for d in self.devices}, self.loop)
         self.mailbox = Mailbox(parse_timedelta(dask.config.get("pathdask.collective-timeout")))
         self.links = LinkModel(self.topology)
+        self.transport: SocketTransport | None = None
+        self.peer_transports: dict[str, str] = {}
+        if transport == "socket":
+            self.transport = SocketTransport(get_address_host(worker.address), self._on_message)
         self.programs: dict[str, HostProgram] = {}
         self.dropped: dict[str, BaseException] = {}
         self.order_clients: dict[str, str] = {}
@@ -105,6 +122,7 @@ class HostRuntime(WorkerPlugin):
             pathdask_fetch=self.fetch,
             pathdask_stats=self.stats,
             pathdask_wait_idle=self.wait_idle,
+            pathdask_transport=lambda: self.transport.address if self.transport else None,
         )
         worker.stream_handlers.update({
             "pathdask-order": self.on_order,
@@ -117,6 +135,8 @@ class HostRuntime(WorkerPlugin):
         logger.info("pathdask host i%d h%d up with devices %s", self.island, self.host, list(self.devices))
 
     async def teardown(self, worker: Worker) -> None:
+        if not hasattr(self, "streams"):
+            return  # setup failed before anything started
         cause = GangAbortedError(f"host {worker.address} is shutting down")
         for pid in list(self.programs):
             self.drop_program(pid, cause)
@@ -126,6 +146,8 @@ class HostRuntime(WorkerPlugin):
             await asyncio.to_thread(s.thread.join, 5)
         for bs in self.peers.values():
             bs.abort()
+        if self.transport is not None:
+            await asyncio.to_thread(self.transport.close)
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
         """Free a program output's buffers once its Dask key is released."""
@@ -198,8 +220,6 @@ class HostRuntime(WorkerPlugin):
         sends: dict[DeviceInfo, np.ndarray], sources: set[int],
     ) -> dict[int, np.ndarray]:
         """Send pieces to devices and wait for the pieces from ``sources`` (device thread)."""
-        import time
-
         start = time.perf_counter()
         remote: dict[str, list[tuple[tuple[str, int, int, int], int, Any]]] = defaultdict(list)
         for dst, value in sends.items():
@@ -207,16 +227,47 @@ class HostRuntime(WorkerPlugin):
             if dst.address == self.address:
                 self.mailbox.deliver(key, me.id, value)
             else:
-                remote[dst.address].append((key, me.id, to_serialize(value)))
+                remote[dst.address].append((key, me.id, value))
         for addr, pieces in remote.items():
-            self.loop.call_soon_threadsafe(self._send, addr, {"op": "pathdask-xfer", "pieces": pieces})
+            self.send_peer(addr, "xfer", pieces)
+        sent = time.perf_counter()
         got = self.mailbox.collect((pid, gang, seq, me.id), sources)
+        stream = self.streams[me.id]
+        stream.exchanges += 1
+        stream.exchange_wait_s += time.perf_counter() - sent
         deadline = start
         for src, value in got.items():
             arrival = self.links.arrival(device_info(self.topology, src), me, value.nbytes, start)
             deadline = max(deadline, arrival)
         wait_until(deadline, lambda: self.mailbox.check(pid, gang))
         return got
+
+    def send_peer(self, addr: str, kind: str, *args: Any) -> None:
+        """Send a message to another host (from any thread)."""
+        if self.transport is not None:
+            self.transport.send(self._peer_transport(addr), (kind, *args))
+            return
+        msg: dict[str, Any]
+        if kind == "xfer":
+            msg = {"op": "pathdask-xfer", "pieces": [(k, s, to_serialize(v)) for k, s, v in args[0]]}
+        else:
+            pid, gang, cause = args
+            msg = {"op": "pathdask-abort", "pid": pid, "gang": gang, "cause": to_serialize(cause)}
+        self.loop.call_soon_threadsafe(self._send, addr, msg)
+
+    def _peer_transport(self, addr: str) -> str:
+        found = self.peer_transports.get(addr)
+        if found is None:
+            assert self.worker is not None
+            fut = asyncio.run_coroutine_threadsafe(self.worker.rpc(addr).pathdask_transport(), self.loop)
+            found = self.peer_transports[addr] = fut.result(timeout=30)
+        return found
+
+    def _on_message(self, message: tuple[Any, ...]) -> None:
+        if message[0] == "xfer":
+            self.on_xfer(message[1])
+        elif message[0] == "abort":
+            self.on_abort(*message[1:])
 
     def on_xfer(self, pieces: list[Any]) -> None:
         for key, src, value in pieces:
@@ -255,10 +306,10 @@ class HostRuntime(WorkerPlugin):
         """A member of ``gang`` failed: wake every member, here and on other hosts."""
         self.mailbox.abort_gang(prog.pid, gang.index, cause)
         for addr in {m.address for m in gang.members} - {self.address}:
-            self.loop.call_soon_threadsafe(
-                self._send, addr,
-                {"op": "pathdask-abort", "pid": prog.pid, "gang": gang.index, "cause": to_serialize(cause)},
-            )
+            try:
+                self.send_peer(addr, "abort", prog.pid, gang.index, _picklable(cause))
+            except Exception:  # the peer is gone: it has nothing to wake
+                logger.warning("pathdask: could not tell host %s that gang %s failed", addr, gang.name)
 
     def on_abort(self, pid: str, gang: int, cause: BaseException) -> None:
         self.mailbox.abort_gang(pid, gang, cause)
@@ -303,6 +354,8 @@ class HostRuntime(WorkerPlugin):
                 "address": self.address,
                 "busy_s": s.busy_s,
                 "gangs_run": s.gangs_run,
+                "exchanges": s.exchanges,
+                "exchange_wait_s": s.exchange_wait_s,
                 "pending_programs": s.pending,
                 "gaps": list(s.gaps),
             }
@@ -330,6 +383,16 @@ class HostRuntime(WorkerPlugin):
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 def runtime() -> HostRuntime:
