@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -99,8 +100,11 @@ class Mesh:
         """Positions of the devices that share every coordinate except ``axis_names``.
 
         Ordered row-major over ``axis_names`` (in the order given), which is the
-        member order every collective uses.
+        member order every collective uses. Cached: collectives ask for it on every call.
         """
+        return _group(self, position, axis_names)
+
+    def _group(self, position: int, axis_names: tuple[str, ...]) -> list[int]:
         base = self.coords(position)
         sizes = [self.shape[a] for a in axis_names]
         members = []
@@ -113,3 +117,12 @@ class Mesh:
     def __repr__(self) -> str:
         where = ", ".join(f"i{d.island}h{d.host}d{d.index}" for d in self.devices)
         return f"Mesh({self.shape}, devices=[{where}])"
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_cached(mesh: Mesh, position: int, axis_names: tuple[str, ...]) -> tuple[int, ...]:
+    return tuple(mesh._group(position, axis_names))
+
+
+def _group(mesh: Mesh, position: int, axis_names: tuple[str, ...]) -> list[int]:
+    return list(_group_cached(mesh, position, axis_names))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, NewType, Union
 
 import numpy as np
@@ -37,7 +38,7 @@ class OutSpec:
     shape: tuple[int, ...]
     dtype: str
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
