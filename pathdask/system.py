@@ -34,6 +34,9 @@ class LocalSystem:
         One process per host (the default) or all hosts in this process.
     dashboard_address : str or None
         Where the Dask dashboard listens; ``None`` disables it.
+    threads_per_worker : int, optional
+        Dask threads per host; defaults to ``devices_per_host``, which sequential
+        dispatch needs (one waiting task per device).
     ordering, dispatch_jitter
         Test-only switches, see :class:`~pathdask.scheduler.plugin.PathwaysScheduler`.
 
@@ -44,13 +47,15 @@ class LocalSystem:
     """
 
     def __init__(self, topology: Topology | None = None, *, processes: bool = True,
-                 dashboard_address: str | None = "127.0.0.1:0", threads_per_worker: int = 1,
+                 dashboard_address: str | None = "127.0.0.1:0", threads_per_worker: int | None = None,
                  ordering: bool = True, dispatch_jitter: float = 0.0, silence_logs: int = logging.ERROR,
                  **cluster_kwargs: Any) -> None:
         self.topology = topology or default_topology()
         self._plugin = PathwaysScheduler(self.topology, ordering=ordering, dispatch_jitter=dispatch_jitter)
         self._cluster_kwargs = dict(
-            n_workers=self.topology.num_hosts, threads_per_worker=threads_per_worker,
+            n_workers=self.topology.num_hosts,
+            # one Dask thread per device: sequential dispatch runs one task per device at once
+            threads_per_worker=threads_per_worker or self.topology.devices_per_host,
             processes=processes, host="127.0.0.1", protocol="tcp", dashboard_address=dashboard_address,
             worker_dashboard_address=None, silence_logs=silence_logs, **cluster_kwargs,
         )

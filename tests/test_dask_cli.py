@@ -158,7 +158,7 @@ def test_dask_cli_scale_out(tmp_path: Path, procs: Processes) -> None:
             env = {}
             preload = ["--preload", "pathdask.preload", "--pathdask-host", str(host)]
         procs.start(f"worker-host{host}", argv + [
-            "--host", "127.0.0.1", "--nthreads", "1", "--nworkers", "1", "--no-dashboard",
+            "--host", "127.0.0.1", "--nthreads", "2", "--nworkers", "1", "--no-dashboard",
             "--name", f"host{host}", "--local-directory", str(tmp_path / f"host{host}"),
             "--death-timeout", "60",
         ] + preload, env=env)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 from distributed import SchedulerPlugin
 
@@ -57,5 +58,33 @@ def test_task_count_does_not_grow_with_gangs(system, client):
             assert len(graphs) == 1, f"{n} gangs were submitted as {len(graphs)} graphs"
             assert graphs[0] <= 2 * hosts, f"{n} gangs on 8 devices cost {graphs[0]} tasks"
         assert counts[2] == counts[32] == counts[128]
+    finally:
+        client.dask.unregister_scheduler_plugin("task-counter")
+
+
+def test_sequential_dispatch_has_a_task_per_shard_per_gang(system, client):
+    client.dask.register_plugin(TaskCounter(), name="task-counter")
+    try:
+        mesh = client.mesh({"x": 4}, island=0)
+        a = client.put(np.ones(4), mesh, P("x"))
+        a.result()
+
+        @pw.program
+        def prog(x):
+            for _ in range(6):
+                x = step(x)
+            return x
+
+        ref = np.ones(4)
+        for _ in range(6):
+            ref = ref.sum() * 0.5 + ref
+        graphs = lambda: client.dask.run_on_scheduler(  # noqa: E731
+            lambda dask_scheduler: list(dask_scheduler.plugins["task-counter"].graphs))
+        for mode, expected in (("parallel", 2 * 2), ("sequential", 2 + 6 * 4 + 2)):
+            before = len(graphs())
+            with dask.config.set({"pathdask.dispatch": mode}):
+                y = prog(a)
+            np.testing.assert_allclose(y.result(), ref)
+            assert graphs()[before:] == [expected], mode
     finally:
         client.dask.unregister_scheduler_plugin("task-counter")

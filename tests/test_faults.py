@@ -34,10 +34,10 @@ def test_mismatched_collectives_time_out_instead_of_hanging():
         assert_clean(system)
 
 
-def test_sequential_dispatch_is_not_built_yet(client):
+def test_unknown_dispatch_mode(client):
     mesh = client.mesh({"x": 2})
-    with dask.config.set({"pathdask.dispatch": "sequential"}), \
-            pytest.raises(NotImplementedError, match="sequential"):
+    with dask.config.set({"pathdask.dispatch": "telepathic"}), \
+            pytest.raises(ValueError, match="'parallel' or 'sequential'"):
         client.put(np.ones(2), mesh, P("x"))
 
 

@@ -20,7 +20,7 @@ from ..sharding import Sharding
 from ..spec import PartitionSpec
 from ..topology import DeviceId, DeviceInfo, Topology
 from .array import ShardedArray
-from .lowering import build_graph, lower
+from .lowering import build_graph, build_sequential_graph, lower
 from .program import Program
 
 __all__ = ["Client", "connect"]
@@ -143,7 +143,7 @@ class Client:
             a._check_alive()
         plans = lower(program)
         pid = uuid.uuid4().hex
-        futures = self._dispatch(pid, plans, tuple(a.key for a in arrays), arrays)
+        futures = self._dispatch(pid, plans, tuple(a.key for a in arrays), arrays, program)
         outs: list[ShardedArray] = []
         for j, vid in enumerate(program.outputs):
             if vid < program.n_inputs:
@@ -154,16 +154,17 @@ class Client:
         return tuple(outs) if program.multiple_outputs else outs[0]
 
     def _dispatch(self, pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, int], ...],
-                  keepalive: tuple[ShardedArray, ...]) -> dict[int, dict[str, Any]]:
+                  keepalive: tuple[ShardedArray, ...], program: Program | None = None) -> dict[int, dict[str, Any]]:
         """Submit one program as one graph; returns output futures per output and host."""
         if self._closed:
             raise RuntimeError(f"Client {self.name!r} is closed")
         mode = dask.config.get("pathdask.dispatch")
-        if mode != "parallel":
-            raise NotImplementedError(
-                f"pathdask.dispatch={mode!r} is not built yet; only 'parallel' dispatch is available"
-            )
-        graph, keys, out_keys = build_graph(pid, plans, inputs, self.id)
+        if mode not in ("parallel", "sequential"):
+            raise ValueError(f"pathdask.dispatch must be 'parallel' or 'sequential', got {mode!r}")
+        if mode == "sequential" and program is not None:
+            graph, keys, out_keys = build_sequential_graph(pid, program, plans, inputs, self.id)
+        else:
+            graph, keys, out_keys = build_graph(pid, plans, inputs, self.id)
         # Same batched stream as the graph, so the scheduler slots it before it sees the tasks.
         self.dask._send_to_scheduler({
             "op": "pathdask-submit", "pid": pid,

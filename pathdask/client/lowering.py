@@ -95,9 +95,19 @@ def _lower_reshard(program: Program, index: int, src_vid: int, dst_vid: int, ref
         ), spec)
 
 
+Graph = tuple[HighLevelGraph, list[Any], dict[int, dict[str, Any]]]
+
+
+def _pinned(tasks: dict[Any, Task], addr: str) -> MaterializedLayer:
+    return MaterializedLayer(tasks, annotations={"workers": [addr], "allow_other_workers": False})
+
+
 def build_graph(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, int], ...],
-                client: str) -> tuple[HighLevelGraph, list[Any], dict[int, dict[str, Any]]]:
-    """The Dask graph of one program call: its keys, and output keys per output and host."""
+                client: str) -> Graph:
+    """Parallel dispatch: per host one dispatch task and one output task per output held there.
+
+    Returns the graph, every key to submit, and the output keys per output and host.
+    """
     from ..worker.tasks import dispatch_task, output_task
 
     layers: dict[str, MaterializedLayer] = {}
@@ -112,8 +122,68 @@ def build_graph(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, i
             tasks[okey] = Task(okey, output_task, TaskRef(dkey), j)
             keys.append(okey)
             out_keys[j][addr] = okey
-        layers[f"pathdask-{pid}-{h}"] = MaterializedLayer(
-            tasks, annotations={"workers": [addr], "allow_other_workers": False}
-        )
+        layers[f"pathdask-{pid}-{h}"] = _pinned(tasks, addr)
     graph = HighLevelGraph(layers, {name: set() for name in layers})
     return graph, keys, out_keys
+
+
+def build_sequential_graph(pid: str, program: Program, plans: dict[str, HostPlan],
+                           inputs: tuple[tuple[str, int], ...], client: str) -> Graph:
+    """Sequential dispatch, for comparison: one Dask task per shard per gang.
+
+    Each host first registers its plan with every gang held back; then the task of
+    gang g on device d releases that one gang and returns only once it ran, and it
+    depends on the tasks of the gangs that produce g's inputs. So each gang pays a
+    full trip through the Dask scheduler, as in the paper's sequential dispatch.
+    """
+    from ..worker.tasks import dispatch_task, output_task, run_gang_task
+
+    hosts = {addr: h for h, addr in enumerate(plans)}
+    layers: dict[str, MaterializedLayer] = {}
+    deps: dict[str, set[str]] = {}
+    keys: list[Any] = []
+    register = {}
+    for addr, plan in plans.items():
+        h = hosts[addr]
+        register[addr] = (f"{DISPATCH_PREFIX}{pid}", h)
+        name = f"pathdask-{pid}-register-{h}"
+        layers[name] = _pinned({register[addr]: Task(register[addr], dispatch_task, pid, plan, inputs,
+                                                      client, True)}, addr)
+        deps[name] = set()
+        keys.append(register[addr])
+    producer = {v: g.index for g in program.gangs for v in g.outputs}
+    gang_keys: dict[int, list[Any]] = {}
+    for g in program.gangs:
+        before = {producer[v] for v in g.inputs if v in producer}
+        upstream = [k for p in sorted(before) for k in gang_keys[p]]
+        gang_keys[g.index] = []
+        by_host: dict[str, dict[Any, Task]] = defaultdict(dict)
+        for addr, plan in plans.items():
+            for dev, ops in plan.ops.items():
+                if any(op.gang == g.index for op in ops):
+                    key = (f"pathdask-gang-{pid}", g.index, dev)
+                    by_host[addr][key] = Task(key, run_gang_task, TaskRef(register[addr]), pid, g.index, dev,
+                                              *[TaskRef(k) for k in upstream])
+                    gang_keys[g.index].append(key)
+        for addr, tasks in by_host.items():
+            name = f"pathdask-{pid}-gang{g.index}-{hosts[addr]}"
+            layers[name] = _pinned(tasks, addr)
+            deps[name] = {f"pathdask-{pid}-register-{hosts[addr]}"} | {
+                f"pathdask-{pid}-gang{p}-{hosts[a]}" for p in before for a in plans
+                if f"pathdask-{pid}-gang{p}-{hosts[a]}" in layers
+            }
+            keys.extend(tasks)
+    out_keys: dict[int, dict[str, Any]] = defaultdict(dict)
+    for addr, plan in plans.items():
+        h = hosts[addr]
+        for j in plan.owned:
+            last = producer[program.outputs[j]]
+            okey = (f"{OUT_PREFIX}{pid}", j, h)
+            name = f"pathdask-{pid}-out{j}-{h}"
+            mine = [k for k in gang_keys[last] if k[2] in plan.ops]
+            layers[name] = _pinned({okey: Task(okey, output_task, TaskRef(register[addr]), j,
+                                               *[TaskRef(k) for k in mine])}, addr)
+            deps[name] = {f"pathdask-{pid}-register-{h}", f"pathdask-{pid}-gang{last}-{h}"}
+            keys.append(okey)
+            out_keys[j][addr] = okey
+    return HighLevelGraph(layers, deps), keys, out_keys

@@ -11,7 +11,7 @@ from ..topology import DeviceInfo
 from .execute import run_op
 
 if TYPE_CHECKING:
-    from .runtime import HostRuntime
+    from .runtime import HostProgram, HostRuntime
 
 
 class DeviceStream:
@@ -71,6 +71,12 @@ class DeviceStream:
                 self.cond.wait()
             return None
 
+    def _wait_release(self, prog: HostProgram, gang: int) -> None:
+        """Sequential dispatch: hold the device until this gang's Dask task released it."""
+        with self.cond:
+            while gang not in (prog.released or ()) and prog.check(gang) is None and not self.closing:
+                self.cond.wait(0.1)
+
     def _run(self) -> None:
         last_end: float | None = None  # end of the previous gang if another one was queued
         while True:
@@ -81,10 +87,15 @@ class DeviceStream:
             ops = prog.plan.ops.get(self.info.id, ()) if prog is not None else ()
             for i, op in enumerate(ops):
                 assert prog is not None
+                if prog.released is not None:
+                    self._wait_release(prog, op.gang)
+                    last_end = None  # waiting for dispatch is not a back-to-back gap
                 if last_end is not None:
                     self.gaps.append(time.perf_counter() - last_end)
                 run_op(self.rt, prog, self.info, op)
                 self.gangs_run += 1
+                if prog.released is not None:
+                    self.rt.gang_done(prog, self.info.id, op.gang)
                 backlog = i + 1 < len(ops) or bool(self.order)
                 last_end = time.perf_counter() if backlog else None
             self.running = None

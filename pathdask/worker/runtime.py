@@ -50,6 +50,9 @@ class HostProgram:
     client: str
     mailbox: Mailbox
     remaining: set[int] = field(default_factory=set)
+    #: sequential dispatch: gangs whose Dask task has released them (None: all are)
+    released: set[int] | None = None
+    done: set[tuple[int, int]] = field(default_factory=set)  # (device, gang) finished
 
     def resolve(self, ref: Ref) -> BufferKey:
         if ref.kind == "in":
@@ -115,6 +118,8 @@ class HostRuntime(WorkerPlugin):
         self.lock = threading.Lock()
         self.peers: dict[str, BatchedSend] = {}
         self._idle_waiters: list[asyncio.Future[None]] = []
+        self._op_waiters: dict[tuple[str, int, int], asyncio.Future[None]] = {}
+        self._program_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self.peer_backlog: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.streams = {d: DeviceStream(self, info) for d, info in self.devices.items()}
         worker.handlers.update(
@@ -168,13 +173,26 @@ class HostRuntime(WorkerPlugin):
                     break
                 self.streams[d].enqueue(pid)
 
-    async def dispatch(self, pid: str, plan: HostPlan, inputs: tuple[BufferKey, ...], client: str) -> str:
+    async def dispatch(self, pid: str, plan: HostPlan, inputs: tuple[BufferKey, ...], client: str,
+                       gated: bool = False) -> str:
         """Register this host's part of a program; returns at once, before execution."""
         if self.jitter:
             await asyncio.sleep(random.uniform(0, self.jitter))  # test-only: reorder arrivals
+        self.register(pid, plan, inputs, client, gated=gated, enqueue=not self.ordering)
+        return pid
+
+    def register(self, pid: str, plan: HostPlan, inputs: tuple[BufferKey, ...], client: str, *,
+                 gated: bool = False, enqueue: bool = False) -> None:
+        """Count the program's readers and owners in the store, then hand it to the devices.
+
+        ``gated``: each gang waits for its sequential-dispatch task to release it.
+        ``enqueue``: the devices take it in arrival order (multi-controller runs and
+        the test-only unordered mode) instead of waiting for the scheduler's order.
+        """
         if pid in self.dropped:
-            return pid
-        prog = HostProgram(pid, plan, tuple(inputs), client, self.mailbox, set(plan.ops))
+            return
+        prog = HostProgram(pid, plan, tuple(inputs), client, self.mailbox, set(plan.ops),
+                           released=set() if gated else None)
         store = self.store
         for dev, ops in plan.ops.items():
             for op in ops:
@@ -190,11 +208,42 @@ class HostRuntime(WorkerPlugin):
         with self.lock:
             self.programs[pid] = prog
         for dev in plan.ops:
-            if self.ordering:
-                self.streams[dev].wake()
-            else:
+            if enqueue:
                 self.streams[dev].enqueue(pid)
-        return pid
+            else:
+                self.streams[dev].wake()
+
+    async def run_gang(self, pid: str, gang: int, device: int) -> None:
+        """Sequential dispatch: release one gang on one device and wait until it ran."""
+        prog = self.programs.get(pid)
+        if prog is None or prog.released is None:
+            return  # dropped, or finished
+        fut = self.loop.create_future()
+        self._op_waiters[(pid, device, gang)] = fut
+        with self.streams[device].cond:
+            prog.released.add(gang)
+            self.streams[device].cond.notify_all()
+            if (device, gang) in prog.done:
+                fut.set_result(None)
+        await fut
+
+    def gang_done(self, prog: HostProgram, device: int, gang: int) -> None:
+        """Called by a device stream after each op of a gated program."""
+        with self.streams[device].cond:
+            prog.done.add((device, gang))
+        fut = self._op_waiters.pop((prog.pid, device, gang), None)
+        if fut is not None:
+            self.loop.call_soon_threadsafe(_resolve, fut)
+
+    async def wait_program(self, pid: str) -> None:
+        """Wait until this host's devices have run every op of ``pid``."""
+        if pid not in self.programs:
+            return
+        fut = self.loop.create_future()
+        self._program_waiters.setdefault(pid, []).append(fut)
+        if pid not in self.programs:
+            fut.set_result(None)
+        await fut
 
     def is_dispatched(self, pid: str, device: int) -> bool:
         return pid in self.programs or pid in self.dropped
@@ -202,17 +251,21 @@ class HostRuntime(WorkerPlugin):
     def device_done(self, pid: str, device: int) -> None:
         with self.lock:
             prog = self.programs.get(pid)
-            if prog is None:
-                return
-            prog.remaining.discard(device)
-            if prog.remaining:
-                return
-            del self.programs[pid]
-            self.order_clients.pop(pid, None)
-            idle = not self.programs
-        self.mailbox.finish_program(pid)
-        if idle:
+            finished = prog is not None and not (prog.remaining - {device})
+            if prog is not None:
+                prog.remaining.discard(device)
+            if finished:
+                del self.programs[pid]
+                self.order_clients.pop(pid, None)
+        if finished:
+            self.mailbox.finish_program(pid)
+            for fut in self._program_waiters.pop(pid, ()):
+                self.loop.call_soon_threadsafe(_resolve, fut)
+        if self._idle_waiters and self._is_idle():
             self.loop.call_soon_threadsafe(self._wake_idle)
+
+    def _is_idle(self) -> bool:
+        return not self.programs and not any(s.order or s.running for s in self.streams.values())
 
     # -- data plane: exchange ----------------------------------------------------
     def exchange(
@@ -370,11 +423,11 @@ class HostRuntime(WorkerPlugin):
         """Wait until this host holds no buffers and runs no program; return its stats."""
         while True:
             await self.store.wait_empty()
-            if not self.programs:
+            if self._is_idle():
                 return self.stats()
             fut = self.loop.create_future()
             self._idle_waiters.append(fut)
-            if not self.programs:
+            if self._is_idle():
                 fut.set_result(None)
             await fut
 
@@ -383,6 +436,11 @@ class HostRuntime(WorkerPlugin):
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _picklable(exc: BaseException) -> BaseException:

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..ops import HostPlan
 from .runtime import runtime
 
 
-async def dispatch_task(pid: str, plan: HostPlan, inputs: tuple[tuple[str, int], ...], client: str) -> str:
+async def dispatch_task(pid: str, plan: HostPlan, inputs: tuple[tuple[str, int], ...], client: str,
+                        gated: bool = False) -> str:
     """Register this host's part of a program with its runtime; returns before execution."""
-    return await runtime().dispatch(pid, plan, inputs, client)
+    return await runtime().dispatch(pid, plan, inputs, client, gated=gated)
 
 
-def output_task(pid: str, index: int) -> tuple[str, int]:
+async def run_gang_task(registered: str, pid: str, gang: int, device: int, *upstream: Any) -> str:
+    """Sequential dispatch: release one gang on one device; return once it ran."""
+    await runtime().run_gang(pid, gang, device)
+    return pid
+
+
+def output_task(pid: str, index: int, *upstream: Any) -> tuple[str, int]:
     """A program output's handle on this host. Its key owns the output's buffers here."""
     return (pid, index)
