@@ -52,6 +52,8 @@ class LocalSystem:
                  **cluster_kwargs: Any) -> None:
         self.topology = topology or default_topology()
         self._plugin = PathwaysScheduler(self.topology, ordering=ordering, dispatch_jitter=dispatch_jitter)
+        if dashboard_address is None:  # LocalCluster would read None as the default :8787
+            cluster_kwargs.setdefault("scheduler_kwargs", {})["dashboard"] = False
         self._cluster_kwargs = dict(
             n_workers=self.topology.num_hosts,
             # one Dask thread per device: sequential dispatch runs one task per device at once

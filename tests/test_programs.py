@@ -217,3 +217,25 @@ def test_program_argument_errors(client):
         pw.program(lambda x: matmul_free(a))(a)
     with pytest.raises(pw.ShardingError, match="takes 1 sharded input"):
         matmul_free(a, a)
+
+
+def test_delete_an_input_while_its_reader_is_in_flight():
+    from .conftest import assert_clean
+
+    with pw.LocalSystem(pw.Topology(islands=1, hosts_per_island=2, devices_per_host=1),
+                        processes=False, dashboard_address=None, dispatch_jitter=0.02) as system:
+        with system.client() as c:
+            mesh = c.mesh({"i": 2})
+            x = c.put(np.arange(4.0), mesh, P("i"))
+            x.result()
+            double = pw.function(lambda b: 2 * b, in_specs=P("i"), out_specs=P("i"))
+            y = double(x)
+            x.delete()  # y's hosts may not have registered y yet: x must live until they have
+            np.testing.assert_array_equal(y.result(timeout=10), 2 * np.arange(4.0))
+            del y
+        assert_clean(system)
+
+
+def test_mesh_errors_do_not_need_a_traceback(client):
+    with pytest.raises(pw.SliceTooLargeError, match="needs 16 devices"):
+        client.mesh({"x": 16})

@@ -40,6 +40,7 @@ class ShardedArray:
         self._futures = futures  # host address -> output key future (owns the buffers there)
         self._xarray = xarray_meta
         self._deleted = False
+        self._readers = 0  # programs reading this array that some host has not registered yet
 
     # -- metadata ------------------------------------------------------------
     @property
@@ -96,12 +97,23 @@ class ShardedArray:
         return xr.DataArray(self.result(), **meta)
 
     def delete(self) -> None:
-        """Free this array's device buffers now (also happens when it is garbage-collected)."""
-        if not self._deleted:
+        """Free this array's device buffers (also happens when it is garbage-collected).
+
+        Programs already called on it still read it: the buffers go once every
+        host has registered them.
+        """
+        with self.client._lock:
+            if self._deleted:
+                return
             self._deleted = True
-            for f in self._futures.values():
-                f.release()
-            self._futures = {}
+            if self._readers:
+                return  # the last reader's registration releases the keys
+        self._release()
+
+    def _release(self) -> None:
+        for f in self._futures.values():
+            f.release()
+        self._futures = {}
 
     def _check_alive(self) -> None:
         if self._deleted:

@@ -13,7 +13,7 @@ import numpy as np
 from dask.utils import parse_timedelta
 from distributed import Client as DaskClient
 
-from ..errors import ShardingError
+from ..errors import ShardingError, SliceTooLargeError
 from ..mesh import Mesh, check_shape
 from ..ops import GangSpec, HostPlan, OutSpec, PutOp
 from ..sharding import Sharding
@@ -81,6 +81,8 @@ class Client:
         reply = self.dask.sync(
             self.dask.scheduler.pathdask_mesh, client=self.id, shape=dict(shape), island=island
         )
+        if "error" in reply:
+            raise SliceTooLargeError(reply["error"])
         devices = [DeviceInfo(DeviceId(i), isl, h, ix, addr) for i, isl, h, ix, addr in reply["devices"]]
         return Mesh.create(dict(shape), devices, reply["slice"])
 
@@ -184,12 +186,21 @@ class Client:
         entry: list[Any] = [len(futures), futures, keepalive]
         with self._lock:
             self._inflight[pid] = entry
+            for a in keepalive:
+                a._readers += 1
 
         def done(_: Any) -> None:
+            release = []
             with self._lock:
                 entry[0] -= 1
                 if entry[0] == 0:
                     self._inflight.pop(pid, None)
+                    for a in keepalive:
+                        a._readers -= 1
+                        if a._deleted and a._readers == 0:
+                            release.append(a)
+            for a in release:
+                a._release()
 
         for f in futures:
             f.add_done_callback(done)

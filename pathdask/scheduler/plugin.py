@@ -16,6 +16,7 @@ from dask.utils import parse_timedelta
 from distributed import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
+from ..errors import SliceTooLargeError
 from ..topology import Topology
 from .order import IslandScheduler, Submission
 from .resources import ResourceManager
@@ -152,7 +153,10 @@ class PathwaysScheduler(SchedulerPlugin):
 
     # -- meshes ----------------------------------------------------------------
     def mesh(self, client: str, shape: dict[str, int], island: int | None = None) -> dict[str, Any]:
-        sl, devices = self.resources.allocate(client, shape, island)
+        try:
+            sl, devices = self.resources.allocate(client, shape, island)
+        except SliceTooLargeError as e:  # the user's mistake: answer it, don't log a traceback
+            return {"error": str(e)}
         return {"slice": sl.id, "devices": [(d.id, d.island, d.host, d.index, d.address) for d in devices]}
 
     def release_slice(self, slice_id: str) -> None:
