@@ -52,8 +52,12 @@ class LocalSystem:
                  **cluster_kwargs: Any) -> None:
         self.topology = topology or default_topology()
         self._plugin = PathwaysScheduler(self.topology, ordering=ordering, dispatch_jitter=dispatch_jitter)
-        if dashboard_address is None:  # LocalCluster would read None as the default :8787
+        self._dashboard = dashboard_address is not None
+        if dashboard_address is None:
+            # LocalCluster reads None as the default :8787, and the scheduler's HTTP
+            # server listens even without a dashboard: keep it on a free loopback port.
             cluster_kwargs.setdefault("scheduler_kwargs", {})["dashboard"] = False
+            dashboard_address = "127.0.0.1:0"
         self._cluster_kwargs = dict(
             n_workers=self.topology.num_hosts,
             # one Dask thread per device: sequential dispatch runs one task per device at once
@@ -84,7 +88,7 @@ class LocalSystem:
 
     @property
     def dashboard_link(self) -> str | None:
-        return self._require().dashboard_link if self._cluster_kwargs["dashboard_address"] else None
+        return self._require().dashboard_link if self._dashboard else None
 
     def _require(self) -> LocalCluster:
         if self.cluster is None:
