@@ -42,5 +42,32 @@ def demo(topology: str | None, steps: int, processes: bool, seed: int, progress:
         raise click.ClickException(f"the sharded result does not match NumPy. {report.message}")
 
 
+@main.group()
+def bench() -> None:
+    """Benchmarks: pathdask and its baselines in one run; a table, JSON and plots."""
+
+
+@bench.command("dispatch")
+@click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
+@click.option("--out", default="bench-results", show_default=True, help="Folder for JSON and HTML.")
+@click.option("--topology", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Topology YAML file.  [default: cluster/local.yaml]")
+@click.option("--repeats", type=click.IntRange(min=1), default=None, help="Runs per measurement (best kept).")
+@click.option("--ray/--no-ray", default=True, show_default=True, help="Include Ray where it is installed.")
+@click.option("--processes/--threads", default=True, show_default=True,
+              help="One worker process per host, or all hosts in this process.")
+def bench_dispatch(small: bool, out: str, topology: str | None, repeats: int | None, ray: bool,
+                   processes: bool) -> None:
+    """Figures 5-7: dispatch throughput of pathdask, plain Dask and a multi-controller."""
+    from .bench.dispatch import Config, run
+    from .topology import Topology
+
+    cfg = Config.small() if small else Config()
+    if repeats:
+        cfg.repeats = repeats
+    cfg.ray = cfg.ray and ray
+    run(cfg, Topology.load(topology) if topology else None, out=out, echo=click.echo, processes=processes)
+
+
 if __name__ == "__main__":
     main()

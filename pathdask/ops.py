@@ -19,6 +19,11 @@ from .topology import DeviceInfo
 __all__ = ["ProgramId", "BufferKey", "Ref", "OutSpec", "KernelOp", "ReshardOp", "PutOp", "GangSpec", "HostPlan"]
 
 ProgramId = NewType("ProgramId", str)
+
+#: Dask key prefixes of a program's tasks: one dispatch task per host, one output task
+#: per (output, host) whose key owns that output's buffers on that host.
+DISPATCH_PREFIX = "pathdask-dispatch-"
+OUT_PREFIX = "pathdask-out-"
 #: A logical buffer: (producing program, value id). One per device it lives on.
 BufferKey = tuple[str, int]
 Index = tuple[slice, ...]

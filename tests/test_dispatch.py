@@ -11,13 +11,16 @@ from pathdask import P
 
 
 class TaskCounter(SchedulerPlugin):
-    """Counts the tasks of each graph the scheduler receives."""
+    """Counts the new tasks of each graph the scheduler receives."""
 
     def __init__(self) -> None:
         self.graphs: list[int] = []
+        self.seen: set = set()
 
     def update_graph(self, scheduler, *, keys, tasks, **kwargs):
-        self.graphs.append(len(tasks))
+        new = set(tasks) - self.seen  # a graph also touches the existing keys it depends on
+        self.seen |= new
+        self.graphs.append(len(new))
 
 
 @pw.function(in_specs=P("x"), out_specs=P("x"))

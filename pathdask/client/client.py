@@ -94,6 +94,14 @@ class Client:
         """Per device bytes in use, capacity, peak, busy time and gangs run; bytes per link class."""
         return dict(self.dask.sync(self.dask.scheduler.pathdask_stats))
 
+    def timeline(self, since: float = 0.0) -> dict[int, list[tuple[float, float, str, str]]]:
+        """Per device, ``(start, end, program, gang)`` of recent gangs (``time.perf_counter``)."""
+        return dict(self.dask.sync(self.dask.scheduler.pathdask_timeline, since=since))
+
+    def reset_observations(self) -> None:
+        """Forget the recorded idle gaps and timelines on every host."""
+        self.dask.sync(self.dask.scheduler.pathdask_reset_observations)
+
     # -- data ----------------------------------------------------------------------
     def put(self, array: Any, mesh: Mesh, spec: PartitionSpec | Mapping[str, str | tuple[str, ...] | None] | None = None) -> ShardedArray:
         """Split ``array`` over ``mesh`` by ``spec`` and store the blocks on the devices.
@@ -164,14 +172,10 @@ class Client:
         if mode not in ("parallel", "sequential"):
             raise ValueError(f"pathdask.dispatch must be 'parallel' or 'sequential', got {mode!r}")
         if mode == "sequential" and program is not None:
-            graph, keys, out_keys = build_sequential_graph(pid, program, plans, inputs, self.id)
+            arg_keys = tuple([f.key for f in a._futures.values()] for a in keepalive)
+            graph, keys, out_keys = build_sequential_graph(pid, program, plans, inputs, self.id, arg_keys)
         else:
             graph, keys, out_keys = build_graph(pid, plans, inputs, self.id)
-        # Same batched stream as the graph, so the scheduler slots it before it sees the tasks.
-        self.dask._send_to_scheduler({
-            "op": "pathdask-submit", "pid": pid,
-            "hosts": {addr: list(plan.ops) for addr, plan in plans.items()},
-        })
         futures = self.dask.get(graph, keys, sync=False)
         by_key = dict(zip(keys, futures))
         self._hold(pid, futures, keepalive)
@@ -208,8 +212,6 @@ class Client:
     def _fetch(self, array: ShardedArray, timeout: Any = None) -> np.ndarray:
         seconds = parse_timedelta(timeout) if timeout is not None else None
         futures = list(array._futures.values())
-        for f in futures:
-            f.result(timeout=seconds)  # dispatched everywhere; re-raises a dispatch error
         sharding = array.sharding
         want: dict[str, list[tuple[int, tuple[str, int, int]]]] = {}
         for positions in sharding.positions_by_block().values():
@@ -218,9 +220,28 @@ class Client:
             want.setdefault(dev.address, []).append((p, (array._pid, array._vid, dev.id)))
 
         async def gather() -> list[list[np.ndarray]]:
-            calls = [self.dask.rpc(addr).pathdask_fetch(buffers=[b for _, b in items])
-                     for addr, items in want.items()]
-            return list(await asyncio.wait_for(asyncio.gather(*calls), seconds))
+            # Ask the hosts straight away (they answer once the shards are computed) and
+            # watch the dispatch futures meanwhile, which carry a failed dispatch.
+            fetch = asyncio.ensure_future(asyncio.gather(*(
+                self.dask.rpc(addr).pathdask_fetch(buffers=[b for _, b in items])
+                for addr, items in want.items())))
+            dispatched = asyncio.ensure_future(self.dask._gather(futures))
+            try:
+                done, _ = await asyncio.wait({fetch, dispatched}, timeout=seconds,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    raise TimeoutError(f"The shards were not ready within {seconds:g}s")
+                if fetch not in done:
+                    if not dispatched.cancelled() and dispatched.exception() is not None:
+                        raise dispatched.exception()  # type: ignore[misc]  # a dispatch task failed
+                    done, _ = await asyncio.wait({fetch}, timeout=seconds)
+                    if not done:
+                        raise TimeoutError(f"The shards were not ready within {seconds:g}s")
+                return list(fetch.result())
+            finally:
+                for t in (fetch, dispatched):
+                    if not t.done():
+                        t.cancel()
 
         replies = self.dask.sync(gather)
         blocks = {p: value for items, reply in zip(want.values(), replies) for (p, _), value in zip(items, reply)}

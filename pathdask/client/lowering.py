@@ -21,13 +21,10 @@ from typing import Any
 from dask._task_spec import Task, TaskRef
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from ..ops import GangSpec, HostPlan, KernelOp, Op, OutSpec, Ref, ReshardOp
+from ..ops import DISPATCH_PREFIX, OUT_PREFIX, GangSpec, HostPlan, KernelOp, Op, OutSpec, Ref, ReshardOp
 from ..sharding import reshard_plan
 from ..topology import DeviceInfo
 from .program import Program
-
-DISPATCH_PREFIX = "pathdask-dispatch-"
-OUT_PREFIX = "pathdask-out-"
 
 
 @functools.lru_cache(maxsize=512)
@@ -98,8 +95,30 @@ def _lower_reshard(program: Program, index: int, src_vid: int, dst_vid: int, ref
 Graph = tuple[HighLevelGraph, list[Any], dict[int, dict[str, Any]]]
 
 
-def _pinned(tasks: dict[Any, Task], addr: str) -> MaterializedLayer:
-    return MaterializedLayer(tasks, annotations={"workers": [addr], "allow_other_workers": False})
+def _pinned(tasks: dict[Any, Task], addr: str, program: dict[str, Any] | None = None) -> MaterializedLayer:
+    """A layer pinned to one worker; ``program`` (on one layer) is what the scheduler slots."""
+    annotations: dict[str, Any] = {"workers": [addr], "allow_other_workers": False}
+    if program is not None:
+        annotations["pathdask"] = program
+    return MaterializedLayer(tasks, annotations=annotations)
+
+
+def _output_keys(pid: str, plans: dict[str, HostPlan]) -> dict[int, dict[str, Any]]:
+    """Per program output, per host holding some of its shards, the key that owns them there."""
+    out: dict[int, dict[str, Any]] = defaultdict(dict)
+    for h, (addr, plan) in enumerate(plans.items()):
+        for j in plan.owned:
+            out[j][addr] = (f"{OUT_PREFIX}{pid}", j, h)
+    return out
+
+
+def _annotation(pid: str, plans: dict[str, HostPlan], out_keys: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """What the scheduler plugin needs to slot the program (read in its ``update_graph`` hook)."""
+    return {
+        "pid": pid,
+        "hosts": {addr: list(plan.ops) for addr, plan in plans.items()},
+        "outputs": [(key, addr) for hosts in out_keys.values() for addr, key in hosts.items()],
+    }
 
 
 def build_graph(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, int], ...],
@@ -110,34 +129,35 @@ def build_graph(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, i
     """
     from ..worker.tasks import dispatch_task, output_task
 
+    out_keys = _output_keys(pid, plans)
+    program = _annotation(pid, plans, out_keys)
     layers: dict[str, MaterializedLayer] = {}
     keys: list[Any] = []
-    out_keys: dict[int, dict[str, Any]] = defaultdict(dict)
     for h, (addr, plan) in enumerate(plans.items()):
         dkey = (f"{DISPATCH_PREFIX}{pid}", h)
         tasks: dict[Any, Task] = {dkey: Task(dkey, dispatch_task, pid, plan, inputs, client)}
-        keys.append(dkey)
         for j in plan.owned:
-            okey = (f"{OUT_PREFIX}{pid}", j, h)
+            okey = out_keys[j][addr]
             tasks[okey] = Task(okey, output_task, TaskRef(dkey), j)
-            keys.append(okey)
-            out_keys[j][addr] = okey
-        layers[f"pathdask-{pid}-{h}"] = _pinned(tasks, addr)
-    graph = HighLevelGraph(layers, {name: set() for name in layers})
-    return graph, keys, out_keys
+        keys.extend(tasks)
+        layers[f"pathdask-{pid}-{h}"] = _pinned(tasks, addr, program if h == 0 else None)
+    return HighLevelGraph(layers, {name: set() for name in layers}), keys, out_keys
 
 
 def build_sequential_graph(pid: str, program: Program, plans: dict[str, HostPlan],
-                           inputs: tuple[tuple[str, int], ...], client: str) -> Graph:
+                           inputs: tuple[tuple[str, int], ...], client: str,
+                           input_keys: tuple[list[Any], ...] = ()) -> Graph:
     """Sequential dispatch, for comparison: one Dask task per shard per gang.
 
     Each host first registers its plan with every gang held back; then the task of
-    gang g on device d releases that one gang and returns only once it ran, and it
-    depends on the tasks of the gangs that produce g's inputs. So each gang pays a
-    full trip through the Dask scheduler, as in the paper's sequential dispatch.
+    gang g on device d releases that one gang and returns only once it ran. It
+    depends on the tasks of the gangs that produce g's inputs, or on the Dask keys
+    of the program's arguments (ready once their producer ran). So each gang pays
+    a full trip through the Dask scheduler, as in the paper's sequential dispatch.
     """
     from ..worker.tasks import dispatch_task, output_task, run_gang_task
 
+    out_keys = _output_keys(pid, plans)
     hosts = {addr: h for h, addr in enumerate(plans)}
     layers: dict[str, MaterializedLayer] = {}
     deps: dict[str, set[str]] = {}
@@ -147,8 +167,9 @@ def build_sequential_graph(pid: str, program: Program, plans: dict[str, HostPlan
         h = hosts[addr]
         register[addr] = (f"{DISPATCH_PREFIX}{pid}", h)
         name = f"pathdask-{pid}-register-{h}"
-        layers[name] = _pinned({register[addr]: Task(register[addr], dispatch_task, pid, plan, inputs,
-                                                      client, True)}, addr)
+        task = Task(register[addr], dispatch_task, pid, plan, inputs, client, True)
+        layers[name] = _pinned({register[addr]: task}, addr,
+                               _annotation(pid, plans, out_keys) if h == 0 else None)
         deps[name] = set()
         keys.append(register[addr])
     producer = {v: g.index for g in program.gangs for v in g.outputs}
@@ -156,6 +177,8 @@ def build_sequential_graph(pid: str, program: Program, plans: dict[str, HostPlan
     for g in program.gangs:
         before = {producer[v] for v in g.inputs if v in producer}
         upstream = [k for p in sorted(before) for k in gang_keys[p]]
+        # gangs that read the program's arguments wait for those to be computed
+        upstream += [k for v in g.inputs if v < min(program.n_inputs, len(input_keys)) for k in input_keys[v]]
         gang_keys[g.index] = []
         by_host: dict[str, dict[Any, Task]] = defaultdict(dict)
         for addr, plan in plans.items():
@@ -173,17 +196,15 @@ def build_sequential_graph(pid: str, program: Program, plans: dict[str, HostPlan
                 if f"pathdask-{pid}-gang{p}-{hosts[a]}" in layers
             }
             keys.extend(tasks)
-    out_keys: dict[int, dict[str, Any]] = defaultdict(dict)
     for addr, plan in plans.items():
         h = hosts[addr]
         for j in plan.owned:
             last = producer[program.outputs[j]]
-            okey = (f"{OUT_PREFIX}{pid}", j, h)
+            okey = out_keys[j][addr]
             name = f"pathdask-{pid}-out{j}-{h}"
             mine = [k for k in gang_keys[last] if k[2] in plan.ops]
             layers[name] = _pinned({okey: Task(okey, output_task, TaskRef(register[addr]), j,
                                                *[TaskRef(k) for k in mine])}, addr)
             deps[name] = {f"pathdask-{pid}-register-{h}", f"pathdask-{pid}-gang{last}-{h}"}
             keys.append(okey)
-            out_keys[j][addr] = okey
     return HighLevelGraph(layers, deps), keys, out_keys

@@ -2,7 +2,8 @@
 
 It holds the resource manager and the island scheduler, installs the
 :class:`~pathdask.worker.runtime.HostRuntime` worker plugin on every worker,
-and serves the ``pathdask_*`` handlers and the ``pathdask-submit`` stream op.
+and serves the ``pathdask_*`` handlers. Programs are slotted in its
+``update_graph`` hook, from the ``pathdask`` annotation of their graph.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from distributed import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
 from ..errors import SliceTooLargeError
+from ..ops import OUT_PREFIX
 from ..topology import Topology
 from .order import IslandScheduler, Submission
 from .resources import ResourceManager
@@ -36,8 +38,9 @@ HANDLERS = (
     "pathdask_stats",
     "pathdask_wait_hosts",
     "pathdask_wait_idle",
+    "pathdask_timeline",
+    "pathdask_reset_observations",
 )
-STREAM_HANDLERS = ("pathdask-submit",)
 
 
 class PathwaysScheduler(SchedulerPlugin):
@@ -73,9 +76,9 @@ class PathwaysScheduler(SchedulerPlugin):
         self.clients: dict[str, dict[str, Any]] = {}
         self.hosts_changed = asyncio.Condition()
         self.host_failures: dict[str, str] = {}
+        self.output_owners: dict[Any, str] = {}  # output key -> address of the host it owns buffers on
         for name in HANDLERS:
             scheduler.handlers[name] = getattr(self, name[len("pathdask_"):])
-        scheduler.stream_handlers["pathdask-submit"] = self.submit
         await scheduler.register_worker_plugin(
             None, dumps(HostRuntime()), name="pathdask", idempotent=False
         )
@@ -163,8 +166,24 @@ class PathwaysScheduler(SchedulerPlugin):
         self.resources.release(slice_id)
 
     # -- programs --------------------------------------------------------------
-    def submit(self, client: str, pid: str, hosts: dict[str, list[int]]) -> None:
-        """Slot a program and tell each of its hosts where it goes in their devices' order."""
+    def update_graph(self, scheduler: Scheduler, *, client: str, annotations: dict[str, dict[Any, Any]],
+                     **kwargs: Any) -> None:
+        """Slot each pathdask program in a new graph, before any of its tasks is sent out.
+
+        The graph's ``pathdask`` annotation carries the program id, the devices it
+        uses per host, and which host each output key owns buffers on.
+        """
+        for info in {a["pid"]: a for a in annotations.get("pathdask", {}).values()}.values():
+            self.submit(client, info["pid"], info["hosts"], info["outputs"])
+
+    def submit(self, client: str, pid: str, hosts: dict[str, list[int]],
+               outputs: list[tuple[Any, str]]) -> None:
+        """Slot a program and tell each of its hosts where it goes in their devices' order.
+
+        ``outputs`` pairs each output key with the host whose buffers it owns.
+        """
+        for key, addr in outputs:
+            self.output_owners[_key(key)] = addr
         for _slot, sub in self.order.submit(Submission(pid, client, hosts)):
             if not self.ordering:
                 continue
@@ -175,10 +194,38 @@ class PathwaysScheduler(SchedulerPlugin):
                     continue
                 comm.send({"op": "pathdask-order", "programs": [(sub.pid, sub.client, devices)]})
 
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        """When the scheduler forgets an output key, its host frees the buffers it owned.
+
+        Decided here rather than on the worker, because workers also see replicas
+        of a key come and go (dependencies, the active memory manager).
+        """
+        if finish != "forgotten":
+            return
+        addr = self.output_owners.pop(key, None)
+        if addr is None:
+            return
+        comm = self.scheduler.stream_comms.get(addr)
+        if comm is not None:
+            pid = str(key[0])[len(OUT_PREFIX):]
+            comm.send({"op": "pathdask-release-outputs", "outputs": [(pid, int(key[1]))]})
+
     # -- observation -------------------------------------------------------------
     async def stats(self) -> dict[str, Any]:
         replies = await self.scheduler.broadcast(msg={"op": "pathdask_stats"})
         return _merge(replies)
+
+    async def timeline(self, since: float = 0.0) -> dict[int, list[Any]]:
+        """Per device, (start, end, program, gang) of recent gangs, from every host."""
+        replies = await self.scheduler.broadcast(msg={"op": "pathdask_timeline", "since": since})
+        out: dict[int, list[Any]] = {}
+        for reply in replies.values():
+            if isinstance(reply, dict):
+                out.update({int(d): v for d, v in reply.items()})
+        return dict(sorted(out.items()))
+
+    async def reset_observations(self) -> None:
+        await self.scheduler.broadcast(msg={"op": "pathdask_reset_observations"})
 
     async def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
         """Wait until every host holds no buffers; raises ``TimeoutError`` otherwise."""
@@ -186,6 +233,11 @@ class PathwaysScheduler(SchedulerPlugin):
             self.scheduler.broadcast(msg={"op": "pathdask_wait_idle"}), parse_timedelta(timeout)
         )
         return _merge(replies)
+
+
+def _key(key: Any) -> Any:
+    """Keys arrive as lists through msgpack; the scheduler's keys are tuples."""
+    return tuple(key) if isinstance(key, list) else key
 
 
 def _merge(replies: dict[str, Any]) -> dict[str, Any]:

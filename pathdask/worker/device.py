@@ -35,6 +35,8 @@ class DeviceStream:
         self.exchange_wait_s = 0.0  # real time spent waiting for peers' pieces
         self.running: str | None = None
         self.gaps: deque[float] = deque(maxlen=4096)  # idle time between back-to-back gangs
+        #: (start, end, program, gang name) of recent gangs, for timelines
+        self.timeline: deque[tuple[float, float, str, str]] = deque(maxlen=20000)
         self.thread = threading.Thread(
             target=self._run, name=f"pathdask-device-{info.id}", daemon=True
         )
@@ -90,10 +92,12 @@ class DeviceStream:
                 if prog.released is not None:
                     self._wait_release(prog, op.gang)
                     last_end = None  # waiting for dispatch is not a back-to-back gap
+                begin = time.perf_counter()
                 if last_end is not None:
-                    self.gaps.append(time.perf_counter() - last_end)
+                    self.gaps.append(begin - last_end)
                 run_op(self.rt, prog, self.info, op)
                 self.gangs_run += 1
+                self.timeline.append((begin, time.perf_counter(), pid, prog.plan.gangs[op.gang].name))
                 if prog.released is not None:
                     self.rt.gang_done(prog, self.info.id, op.gang)
                 backlog = i + 1 < len(ops) or bool(self.order)

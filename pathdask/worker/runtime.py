@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("pathdask.worker")
 
-OUT_PREFIX = "pathdask-out-"
 
 
 @dataclass
@@ -118,7 +117,7 @@ class HostRuntime(WorkerPlugin):
         self.lock = threading.Lock()
         self.peers: dict[str, BatchedSend] = {}
         self._idle_waiters: list[asyncio.Future[None]] = []
-        self._op_waiters: dict[tuple[str, int, int], asyncio.Future[None]] = {}
+        self._op_waiters: dict[tuple[str, int, int], threading.Event] = {}
         self._program_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self.peer_backlog: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.streams = {d: DeviceStream(self, info) for d, info in self.devices.items()}
@@ -127,6 +126,8 @@ class HostRuntime(WorkerPlugin):
             pathdask_fetch=self.fetch,
             pathdask_stats=self.stats,
             pathdask_wait_idle=self.wait_idle,
+            pathdask_timeline=self.timeline,
+            pathdask_reset_observations=self.reset_observations,
             pathdask_transport=lambda: self.transport.address if self.transport else None,
         )
         worker.stream_handlers.update({
@@ -134,6 +135,7 @@ class HostRuntime(WorkerPlugin):
             "pathdask-xfer": self.on_xfer,
             "pathdask-abort": self.on_abort,
             "pathdask-drop-client": self.drop_client,
+            "pathdask-release-outputs": self.on_release_outputs,
         })
         for s in self.streams.values():
             s.start()
@@ -154,12 +156,15 @@ class HostRuntime(WorkerPlugin):
         if self.transport is not None:
             await asyncio.to_thread(self.transport.close)
 
-    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
-        """Free a program output's buffers once its Dask key is released."""
-        if finish == "released" and isinstance(key, tuple) and str(key[0]).startswith(OUT_PREFIX):
-            pid, k = str(key[0])[len(OUT_PREFIX):], int(key[1])
-            for vid, dev in self.owned.pop((pid, k), ()):
-                self.store.release((pid, vid), dev)
+    def on_release_outputs(self, outputs: list[tuple[str, int]]) -> None:
+        """The scheduler forgot these output keys: no client holds them any more."""
+        for pid, index in outputs:
+            self.release_output(pid, index)
+
+    def release_output(self, pid: str, index: int) -> None:
+        """Drop the ownership of output ``index`` of ``pid`` on this host."""
+        for vid, dev in self.owned.pop((pid, index), ()):
+            self.store.release((pid, vid), dev)
 
     # -- control: order and dispatch ---------------------------------------
     def on_order(self, programs: list[tuple[str, str, list[int]]]) -> None:
@@ -213,27 +218,28 @@ class HostRuntime(WorkerPlugin):
             else:
                 self.streams[dev].wake()
 
-    async def run_gang(self, pid: str, gang: int, device: int) -> None:
-        """Sequential dispatch: release one gang on one device and wait until it ran."""
+    def release_gang(self, pid: str, gang: int, device: int) -> threading.Event:
+        """Sequential dispatch: let one gang run on one device; the event is set once it ran."""
+        done = threading.Event()
         prog = self.programs.get(pid)
         if prog is None or prog.released is None:
-            return  # dropped, or finished
-        fut = self.loop.create_future()
-        self._op_waiters[(pid, device, gang)] = fut
+            done.set()  # dropped, or already finished
+            return done
         with self.streams[device].cond:
+            self._op_waiters[(pid, device, gang)] = done
             prog.released.add(gang)
             self.streams[device].cond.notify_all()
-            if (device, gang) in prog.done:
-                fut.set_result(None)
-        await fut
+            if (device, gang) in prog.done or prog.check(gang) is not None:
+                done.set()
+        return done
 
     def gang_done(self, prog: HostProgram, device: int, gang: int) -> None:
         """Called by a device stream after each op of a gated program."""
         with self.streams[device].cond:
             prog.done.add((device, gang))
-        fut = self._op_waiters.pop((prog.pid, device, gang), None)
-        if fut is not None:
-            self.loop.call_soon_threadsafe(_resolve, fut)
+            done = self._op_waiters.pop((prog.pid, device, gang), None)
+        if done is not None:
+            done.set()
 
     async def wait_program(self, pid: str) -> None:
         """Wait until this host's devices have run every op of ``pid``."""
@@ -370,6 +376,8 @@ class HostRuntime(WorkerPlugin):
     def drop_program(self, pid: str, cause: BaseException) -> None:
         """Drop a program: its gangs abort, its buffers are freed, its devices move on."""
         self.dropped[pid] = cause
+        for key in [k for k in self._op_waiters if k[0] == pid]:
+            self._op_waiters.pop(key).set()
         self.mailbox.drop_program(pid, cause)
         self.store.drop_program(pid, cause)
         for s in self.streams.values():
@@ -410,7 +418,8 @@ class HostRuntime(WorkerPlugin):
                 "exchanges": s.exchanges,
                 "exchange_wait_s": s.exchange_wait_s,
                 "pending_programs": s.pending,
-                "gaps": list(s.gaps),
+                "idle_gaps": len(s.gaps),
+                "idle_gap_median_s": float(np.median(s.gaps)) if s.gaps else None,
             }
         return {
             "devices": devices,
@@ -418,6 +427,16 @@ class HostRuntime(WorkerPlugin):
             "programs": len(self.programs),
             "mailbox": self.mailbox.pending(),
         }
+
+    def timeline(self, since: float = 0.0) -> dict[int, list[tuple[float, float, str, str]]]:
+        """Per device, (start, end, program, gang) of recent gangs that started after ``since``."""
+        return {d: [t for t in s.timeline if t[0] >= since] for d, s in self.streams.items()}
+
+    def reset_observations(self) -> None:
+        """Forget recorded gaps and timelines (benchmarks call this between runs)."""
+        for s in self.streams.values():
+            s.gaps.clear()
+            s.timeline.clear()
 
     async def wait_idle(self) -> dict[str, Any]:
         """Wait until this host holds no buffers and runs no program; return its stats."""

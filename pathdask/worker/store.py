@@ -55,6 +55,7 @@ class BufferStore:
         self.cond = threading.Condition()
         self.loop = loop
         self._empty_waiters: list[asyncio.Future[Any]] = []
+        self._declared_waiters: dict[StoreKey, list[asyncio.Future[Any]]] = {}
 
     # -- registration (dispatch time) --------------------------------------
     def declare(self, key: BufferKey, device: int, *, owned: bool = False, consumers: int = 0) -> None:
@@ -63,6 +64,8 @@ class BufferStore:
             buf = self.buffers.get(skey)
             if buf is None:
                 buf = self.buffers[skey] = Buffer(skey, key[0])
+                for fut in self._declared_waiters.pop(skey, ()):
+                    self.loop.call_soon_threadsafe(_resolve, fut)
             buf.owners += int(owned)
             buf.refs += consumers
 
@@ -158,10 +161,28 @@ class BufferStore:
 
     # -- waiting from the event loop ---------------------------------------
     async def wait_value(self, key: BufferKey, device: int) -> np.ndarray:
+        """The buffer's value once computed; waits for its program to be dispatched here too."""
+        skey = (key[0], key[1], device)
         with self.cond:
-            buf = self.buffers.get((key[0], key[1], device))
+            buf = self.buffers.get(skey)
             if buf is None:
-                raise BufferFreedError(f"Buffer {key} on device {device} is not in the store")
+                declared = self.loop.create_future()
+                self._declared_waiters.setdefault(skey, []).append(declared)
+        if buf is None:
+            try:
+                await declared
+            finally:
+                with self.cond:
+                    waiting = self._declared_waiters.get(skey, [])
+                    if declared in waiting:
+                        waiting.remove(declared)
+                    if not waiting:
+                        self._declared_waiters.pop(skey, None)
+            with self.cond:
+                buf = self.buffers.get(skey)
+            if buf is None:
+                raise BufferFreedError(f"Buffer {key} on device {device} was freed before it was read")
+        with self.cond:
             if buf.state == "pending":
                 fut = self.loop.create_future()
                 buf.waiters.append(fut)

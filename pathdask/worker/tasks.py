@@ -14,9 +14,17 @@ async def dispatch_task(pid: str, plan: HostPlan, inputs: tuple[tuple[str, int],
     return await runtime().dispatch(pid, plan, inputs, client, gated=gated)
 
 
-async def run_gang_task(registered: str, pid: str, gang: int, device: int, *upstream: Any) -> str:
-    """Sequential dispatch: release one gang on one device; return once it ran."""
-    await runtime().run_gang(pid, gang, device)
+def run_gang_task(registered: str, pid: str, gang: int, device: int, *upstream: Any) -> str:
+    """Sequential dispatch: release one gang on one device; return once it ran.
+
+    The wait leaves Dask's thread pool (``secede``), so that waiting gangs never
+    keep the next ones in the devices' order from being released.
+    """
+    from distributed import secede
+
+    done = runtime().release_gang(pid, gang, device)
+    secede()
+    done.wait()
     return pid
 
 

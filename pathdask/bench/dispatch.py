@@ -1,0 +1,316 @@
+"""``pathdask bench dispatch``: the paper's Figures 5, 6 and 7 at our scale.
+
+One computation is a scalar all-reduce over every device of a mesh plus an
+add, whose output feeds the next computation. It runs in three shapes:
+
+- **OpByOp**: one call (one program) per computation;
+- **Chained**: one program of ``k`` gangs;
+- **Fused**: one gang whose body loops ``k`` times;
+
+on these systems, in one run on the same cluster:
+
+- ``dask``: plain Dask as a Dask user writes it, per-shard futures with a reduce task per step;
+- ``pathdask-seq``: pathdask with ``pathdask.dispatch: sequential``;
+- ``pathdask``: pathdask with parallel asynchronous dispatch;
+- ``multi-controller``: every host runs the same loop itself (``client.run``), with
+  the same runtime and collectives and no central dispatch: the JAX analogue;
+- ``ray-*``: Ray tasks, actors and Compiled Graphs, where Ray is installed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import dask
+import numpy as np
+
+from .. import P, function, pmean, program
+from ..client.client import Client
+from ..client.function import Function
+from ..client.program import ProgramFunction
+from ..system import LocalSystem, default_topology
+from ..topology import Topology
+from .multicontroller import run_multicontroller
+from .report import best_rate, idle_gaps, median, save_plots, table, timed, write_json
+
+SHAPES = ("OpByOp", "Chained", "Fused")
+Echo = Callable[[str], Any]
+
+
+@dataclass
+class Config:
+    computations: int = 128
+    repeats: int = 3
+    costs: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+    stages: tuple[int, ...] = (1, 2, 4, 8)
+    microbatches: int = 16
+    stage_cost: float = 1e-3
+    ray: bool = True
+
+    @classmethod
+    def small(cls) -> Config:
+        return cls(computations=16, repeats=1, costs=(1e-4, 1e-3, 1e-2), stages=(1, 2), microbatches=4,
+                   ray=False)
+
+
+@dataclass
+class Kernels:
+    """The computations of one cost, built once so that their traces are cached."""
+
+    cost: float
+    k: int
+    step: Function = field(init=False)
+    op: ProgramFunction = field(init=False)
+    chained: ProgramFunction = field(init=False)
+    fused: ProgramFunction = field(init=False)
+
+    def __post_init__(self) -> None:
+        cost, k = self.cost, self.k
+
+        def body(b: np.ndarray) -> np.ndarray:
+            return pmean(b, "x") + 1.0
+
+        def fused_body(b: np.ndarray) -> np.ndarray:
+            for _ in range(k):
+                b = pmean(b, "x") + 1.0
+            return b
+
+        self.step = function(body, in_specs=P("x"), out_specs=P("x"), cost=cost, name="allreduce_add")
+        fused = function(fused_body, in_specs=P("x"), out_specs=P("x"), cost=cost * k, name="fused")
+        step = self.step
+
+        @program
+        def op(x: Any) -> Any:
+            return step(x)
+
+        @program
+        def chained(x: Any) -> Any:
+            for _ in range(k):
+                x = step(x)
+            return x
+
+        @program
+        def fused_prog(x: Any) -> Any:
+            return fused(x)
+
+        self.op, self.chained, self.fused = op, chained, fused_prog
+
+
+def _pathdask_run(kernels: Kernels, x: Any, shape: str, mode: str) -> float:
+    with dask.config.set({"pathdask.dispatch": mode}):
+        def go() -> None:
+            if shape == "OpByOp":
+                y = x
+                for _ in range(kernels.k):
+                    y = kernels.step(y)
+            else:
+                y = (kernels.chained if shape == "Chained" else kernels.fused)(x)
+            y.result()
+        return timed(go)
+
+
+def _mc_run(client: Client, kernels: Kernels, x: Any, shape: str) -> float:
+    if shape == "OpByOp":
+        return run_multicontroller(client, kernels.op, x, kernels.k)
+    return run_multicontroller(client, kernels.chained if shape == "Chained" else kernels.fused, x, 1)
+
+
+def _shard_step(value: float, total: float, n: int, cost: float) -> float:
+    if cost:
+        time.sleep(cost)  # plain Dask has no modelled device: the shard's compute holds its thread
+    return total / n + 1.0
+
+
+def _dask_run(client: Client, workers: list[str], k: int, cost: float, shape: str) -> float | None:
+    """Plain Dask: one future per shard, a reduce task per step, pinned like the devices."""
+    dc = client.dask
+    n = len(workers)
+    if shape == "Fused":
+        return None  # a fused collective loop has no plain-Dask form: there are no collectives
+    start = time.perf_counter()
+    if shape == "OpByOp":
+        shards = [dc.submit(float, 0.0, workers=[w], pure=False) for w in workers]
+        for _ in range(k):
+            total = dc.submit(sum, shards, pure=False)
+            shards = [dc.submit(_shard_step, s, total, n, cost, workers=[w], pure=False)
+                      for s, w in zip(shards, workers)]
+        dc.gather(shards)
+    else:  # Chained: the whole loop as one graph, as dask.delayed users write it
+        from dask import delayed
+
+        vals = [delayed(float)(0.0) for _ in workers]
+        for _ in range(k):
+            total = delayed(sum)(vals)
+            vals = [delayed(_shard_step)(v, total, n, cost) for v in vals]
+        dc.compute(vals, sync=True)
+    return time.perf_counter() - start
+
+
+def _rates(client: Client, system_workers: list[str], x: Any, cost: float, k: int, cfg: Config,
+           systems: tuple[str, ...] = ("dask", "pathdask-seq", "pathdask", "multi-controller"),
+           shapes: tuple[str, ...] = SHAPES) -> dict[str, dict[str, float | None]]:
+    kernels = Kernels(cost, k)
+    out: dict[str, dict[str, float | None]] = {s: {} for s in systems}
+    for shape in shapes:
+        for system in systems:
+            run = _runner(system, shape, client, system_workers, kernels, x)
+            first = run()  # warm-up: traces, lowering caches, connections
+            out[system][shape] = None if first is None else best_rate(partial(_seconds, run), k, cfg.repeats)
+    return out
+
+
+def _seconds(run: Callable[[], float | None]) -> float:
+    return run() or math.inf
+
+
+def _runner(system: str, shape: str, client: Client, workers: list[str], kernels: Kernels,
+            x: Any) -> Callable[[], float | None]:
+    """A callable that runs ``kernels.k`` computations of ``shape`` on ``system``; returns seconds."""
+    if system == "dask":
+        return lambda: _dask_run(client, workers, kernels.k, kernels.cost, shape)
+    if system == "multi-controller":
+        return lambda: _mc_run(client, kernels, x, shape)
+    mode = "sequential" if system == "pathdask-seq" else "parallel"
+    return lambda: _pathdask_run(kernels, x, shape, mode)
+
+
+def _pipeline(client: Client, stages: int, cfg: Config, mode: str) -> float:
+    """Computations/s of a pipeline of ``stages`` one-device stages, each on its own device."""
+    meshes = [client.mesh({"s": 1}) for _ in range(stages)]
+    stage = function(lambda b: b + 1.0, in_specs=P(), out_specs=P(), cost=cfg.stage_cost, name="stage")
+
+    @program
+    def pipe(*xs: Any) -> Any:
+        outs = []
+        for x in xs:
+            for m in meshes:
+                x = stage(x, mesh=m)
+            outs.append(x)
+        return tuple(outs)
+
+    xs = [client.put(np.zeros(8), meshes[0], P()) for _ in range(cfg.microbatches)]
+
+    def go() -> None:
+        with dask.config.set({"pathdask.dispatch": mode}):
+            outs = pipe(*xs)
+        for o in outs:
+            o.result()
+
+    go()
+    return best_rate(lambda: timed(go), stages * cfg.microbatches, cfg.repeats)
+
+
+def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results", echo: Echo = print,
+        processes: bool = True) -> dict[str, Any]:
+    """Run the dispatch benchmark; print tables, write ``dispatch.json`` and ``dispatch.html``."""
+    topology = topology or default_topology()
+    result: dict[str, Any] = {"config": cfg.__dict__, "topology": topology.to_dict()}
+    with LocalSystem(topology, processes=processes, dashboard_address=None) as system:
+        client = system.client(name="bench")
+        mesh = client.mesh({"x": topology.devices_per_island}, island=0)
+        workers = [d.address for d in mesh.devices]
+        x = client.put(np.zeros(mesh.size), mesh, P("x"))
+        x.result()
+        echo(f"pathdask bench dispatch: {cfg.computations} computations of a scalar all-reduce + add "
+             f"over {mesh.size} devices on {len(mesh.hosts)} hosts ({topology.describe()})")
+
+        # -- Figure 5: the three shapes, cost 0 ------------------------------------
+        client.reset_observations()
+        since = time.perf_counter()
+        rates = _rates(client, workers, x, 0.0, cfg.computations, cfg)
+        timeline = client.timeline(since)
+        gaps = idle_gaps({d: [t for t in spans if t[3] == "allreduce_add"] for d, spans in timeline.items()})
+        mc = rates["multi-controller"]
+        rows = [[name, *(r.get(s) for s in SHAPES), *(_ratio(r.get(s), mc.get(s)) for s in SHAPES)]
+                for name, r in rates.items()]
+        echo("\nFigure 5 analogue: computations/s (and ratio to the multi-controller, same shape)")
+        echo(table(["system", *SHAPES, *(f"{s}/MC" for s in SHAPES)], rows))
+        result["figure5"] = rates
+
+        # -- 1 ms gangs: fraction of ideal --------------------------------------------
+        one_ms = _rates(client, workers, x, 1e-3, cfg.computations, cfg, systems=("pathdask",),
+                        shapes=("Chained",))["pathdask"]["Chained"]
+        result["chained_1ms"] = {"rate": one_ms, "fraction_of_ideal": (one_ms or 0) * 1e-3}
+
+        # -- Figure 6: sweep of the modelled computation time ---------------------------
+        sweep: dict[str, dict[float, float | None]] = {}
+        for cost in cfg.costs:
+            k = max(8, min(cfg.computations, int(1.0 / cost)))
+            r = _rates(client, workers, x, cost, k, cfg, shapes=("OpByOp", "Chained"),
+                       systems=("dask", "pathdask", "multi-controller"))
+            for name, by_shape in r.items():
+                for shape, rate in by_shape.items():
+                    sweep.setdefault(f"{name} {shape}", {})[cost] = rate
+        reference = sweep["multi-controller OpByOp"]
+        reach = {name: next((c for c in cfg.costs if (v.get(c) or 0) >= 0.95 * (reference[c] or math.inf)), None)
+                 for name, v in sweep.items()}
+        echo("\nFigure 6 analogue: computations/s by modelled computation time (s)")
+        echo(table(["system", *(f"{c:g}" for c in cfg.costs), "95% of MC at"],
+                   [[name, *(v[c] for c in cfg.costs), reach[name]] for name, v in sweep.items()]))
+        result["figure6"] = {"rates": {n: {str(c): r for c, r in v.items()} for n, v in sweep.items()},
+                             "reaches_95pct_of_multicontroller_at_s": reach}
+
+        # -- Figure 7: pipeline stages ----------------------------------------------------
+        pipes: dict[str, dict[int, float]] = {"parallel": {}, "sequential": {}}
+        for s in cfg.stages:
+            if s > topology.num_devices:
+                continue
+            for mode in pipes:
+                pipes[mode][s] = _pipeline(client, s, cfg, mode)
+        echo(f"\nFigure 7 analogue: pipeline of {cfg.microbatches} microbatches, {cfg.stage_cost * 1e3:g} ms "
+             "stages on distinct devices: computations/s")
+        echo(table(["stages", "parallel", "sequential", "parallel/sequential"],
+                   [[s, pipes["parallel"][s], pipes["sequential"][s],
+                     pipes["parallel"][s] / pipes["sequential"][s]] for s in pipes["parallel"]]))
+        result["figure7"] = {m: {str(s): v for s, v in r.items()} for m, r in pipes.items()}
+
+        client.close()
+
+    # -- peers ------------------------------------------------------------------------------
+    if cfg.ray:
+        try:
+            from .ray_peers import run_ray
+
+            result["ray"] = {"0ms": run_ray(steps=cfg.computations, participants=mesh.size),
+                             "1ms": run_ray(steps=cfg.computations, participants=mesh.size, compute_s=1e-3)}
+        except ImportError as e:
+            echo(f"\nRay: skipped ({e})")
+            result["ray"] = {"skipped": str(e)}
+
+    pd_chained = rates["pathdask"]["Chained"]
+    result["ratios"] = {
+        "pathdask_chained_over_dask_opbyop": _ratio(pd_chained, rates["dask"]["OpByOp"]),
+        "pathdask_chained_over_multicontroller_fused": _ratio(pd_chained, rates["multi-controller"]["Fused"]),
+        "pathdask_chained_1ms_fraction_of_ideal": result["chained_1ms"]["fraction_of_ideal"],
+        "pipeline_parallel_over_sequential": {
+            str(s): pipes["parallel"][s] / pipes["sequential"][s] for s in pipes["parallel"]},
+        "dask_over_pathdask_95pct_cost": _ratio(reach.get("dask OpByOp"), reach.get("pathdask Chained")),
+    }
+    result["idle_gap_median_s"] = median(gaps)
+    ray_cg = result.get("ray", {}).get("0ms", {}).get("ray_compiled_graph") if cfg.ray else None
+    if ray_cg:
+        result["ratios"]["pathdask_chained_over_ray_compiled_graph"] = _ratio(pd_chained, ray_cg)
+    echo("\nRatios: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                  for k, v in result["ratios"].items()))
+    echo(f"median device idle gap between back-to-back gangs: "
+         f"{(result['idle_gap_median_s'] or 0) * 1e6:.1f} us")
+
+    html = save_plots(f"{out}/dispatch.html", "pathdask bench dispatch", [
+        {"title": "Figure 6: throughput by computation size", "x_label": "modelled computation (s)",
+         "y_label": "computations/s", "log_x": True,
+         "series": {n: (list(cfg.costs), [v[c] for c in cfg.costs]) for n, v in sweep.items()}},
+        {"title": "Figure 7: pipeline throughput", "x_label": "stages", "y_label": "computations/s",
+         "series": {m: (list(r), list(r.values())) for m, r in pipes.items()}},
+    ], timeline)
+    write_json(f"{out}/dispatch.json", result)
+    echo(f"wrote {out}/dispatch.json and {html}")
+    return result
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
