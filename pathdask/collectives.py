@@ -9,6 +9,7 @@ every member computes bit-identical results.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -187,4 +188,5 @@ def axis_size(axis_name: AxisName) -> int:
     ctx = current()
     names = _names(axis_name)
     ctx.mesh.check_axes(names)
-    return int(np.prod([ctx.mesh.shape[a] for a in names]))
+    shape = ctx.mesh.shape
+    return math.prod(shape[a] for a in names)

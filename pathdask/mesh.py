@@ -52,7 +52,7 @@ class Mesh:
     def create(cls, shape: Mapping[str, int], devices: list[DeviceInfo], slice_id: str = "") -> Mesh:
         return cls(check_shape(shape), tuple(devices), slice_id)
 
-    @property
+    @functools.cached_property
     def shape(self) -> dict[str, int]:
         return dict(self.axes)
 

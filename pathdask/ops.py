@@ -102,6 +102,9 @@ class HostPlan:
     ops: dict[int, tuple[Op, ...]]
     #: program output index -> (value id, local device id) pairs it owns on this host
     owned: dict[int, tuple[tuple[int, int], ...]]
+    #: hosts cache plans by id, so that later calls of the same program send only the id;
+    #: empty for plans that are used once (puts)
+    id: str = ""
 
     @property
     def devices(self) -> tuple[int, ...]:

@@ -49,6 +49,7 @@ class Client:
             self._owns_dask = True
         self.name, self.weight = name, float(weight)
         self._inflight: dict[str, list[Any]] = {}
+        self._plans_sent: dict[str, set[str]] = {}  # host -> ids of the plans it has cached
         self._lock = threading.Lock()
         self._closed = False
         info = self.dask.sync(
@@ -175,7 +176,13 @@ class Client:
             arg_keys = tuple([f.key for f in a._futures.values()] for a in keepalive)
             graph, keys, out_keys = build_sequential_graph(pid, program, plans, inputs, self.id, arg_keys)
         else:
-            graph, keys, out_keys = build_graph(pid, plans, inputs, self.id)
+            with self._lock:
+                payloads: dict[str, HostPlan | str] = {
+                    a: p.id for a, p in plans.items() if p.id and p.id in self._plans_sent.get(a, ())}
+                for a, p in plans.items():
+                    if p.id:  # puts carry their data: they have no id and are never cached
+                        self._plans_sent.setdefault(a, set()).add(p.id)
+            graph, keys, out_keys = build_graph(pid, plans, inputs, self.id, payloads)
         futures = self.dask.get(graph, keys, sync=False)
         by_key = dict(zip(keys, futures))
         self._hold(pid, futures, keepalive)
@@ -226,6 +233,7 @@ class Client:
                 self.dask.rpc(addr).pathdask_fetch(buffers=[b for _, b in items])
                 for addr, items in want.items())))
             dispatched = asyncio.ensure_future(self.dask._gather(futures))
+            dispatched.add_done_callback(lambda t: t.cancelled() or t.exception())
             try:
                 done, _ = await asyncio.wait({fetch, dispatched}, timeout=seconds,
                                              return_when=asyncio.FIRST_COMPLETED)
@@ -239,9 +247,8 @@ class Client:
                         raise TimeoutError(f"The shards were not ready within {seconds:g}s")
                 return list(fetch.result())
             finally:
-                for t in (fetch, dispatched):
-                    if not t.done():
-                        t.cancel()
+                if not fetch.done():
+                    fetch.cancel()
 
         replies = self.dask.sync(gather)
         blocks = {p: value for items, reply in zip(want.values(), replies) for (p, _), value in zip(items, reply)}

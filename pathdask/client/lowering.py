@@ -15,6 +15,7 @@ worker pin) within one submission; a plain dict graph carries only global ones.
 from __future__ import annotations
 
 import functools
+import uuid
 from collections import defaultdict
 from typing import Any
 
@@ -62,6 +63,7 @@ def lower(program: Program) -> dict[str, HostPlan]:
             gangs[addr],
             {d: tuple(o) for d, o in dev_ops.items()},
             {j: tuple(p) for j, p in owned[addr].items()},
+            uuid.uuid4().hex,
         )
         for addr, dev_ops in ops.items()
     }
@@ -122,20 +124,22 @@ def _annotation(pid: str, plans: dict[str, HostPlan], out_keys: dict[int, dict[s
 
 
 def build_graph(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, int], ...],
-                client: str) -> Graph:
+                client: str, payloads: dict[str, HostPlan | str] | None = None) -> Graph:
     """Parallel dispatch: per host one dispatch task and one output task per output held there.
 
     Returns the graph, every key to submit, and the output keys per output and host.
+    ``payloads`` replaces a plan by its id for hosts that have it cached already.
     """
     from ..worker.tasks import dispatch_task, output_task
 
+    payloads = payloads or {}
     out_keys = _output_keys(pid, plans)
     program = _annotation(pid, plans, out_keys)
     layers: dict[str, MaterializedLayer] = {}
     keys: list[Any] = []
     for h, (addr, plan) in enumerate(plans.items()):
         dkey = (f"{DISPATCH_PREFIX}{pid}", h)
-        tasks: dict[Any, Task] = {dkey: Task(dkey, dispatch_task, pid, plan, inputs, client)}
+        tasks: dict[Any, Task] = {dkey: Task(dkey, dispatch_task, pid, payloads.get(addr, plan), inputs, client)}
         for j in plan.owned:
             okey = out_keys[j][addr]
             tasks[okey] = Task(okey, output_task, TaskRef(dkey), j)

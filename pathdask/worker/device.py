@@ -81,6 +81,7 @@ class DeviceStream:
 
     def _run(self) -> None:
         last_end: float | None = None  # end of the previous gang if another one was queued
+        clock = 0.0  # modelled end of the previous gang
         while True:
             pid = self._next()
             if pid is None:
@@ -95,7 +96,7 @@ class DeviceStream:
                 begin = time.perf_counter()
                 if last_end is not None:
                     self.gaps.append(begin - last_end)
-                run_op(self.rt, prog, self.info, op)
+                clock = run_op(self.rt, prog, self.info, op, clock if last_end is not None else None)
                 self.gangs_run += 1
                 self.timeline.append((begin, time.perf_counter(), pid, prog.plan.gangs[op.gang].name))
                 if prog.released is not None:

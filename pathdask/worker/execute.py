@@ -68,8 +68,15 @@ def _check(gang: GangSpec, outs: Any, specs: tuple[OutSpec, ...]) -> tuple[np.nd
     return tuple(arrays)
 
 
-def run_op(rt: HostRuntime, prog: HostProgram, device: DeviceInfo, op: Op) -> None:
-    """Run ``op`` on ``device``; on failure its outputs carry the error and the gang aborts."""
+def run_op(rt: HostRuntime, prog: HostProgram, device: DeviceInfo, op: Op, clock: float | None = None) -> float:
+    """Run ``op`` on ``device``; on failure its outputs carry the error and the gang aborts.
+
+    ``clock`` is the modelled end of the device's previous gang when this one was
+    already queued behind it: the device is then modelled as busy back to back,
+    so this gang's modelled time runs from there, and the real time spent between
+    the two (a sleep's overshoot, Python overhead) does not add up over a stream
+    of gangs. Returns the modelled end of this gang.
+    """
     gang = prog.plan.gangs[op.gang]
     outs = _outputs(op)
     dev = device.id
@@ -81,19 +88,27 @@ def run_op(rt: HostRuntime, prog: HostProgram, device: DeviceInfo, op: Op) -> No
             raise Aborted(cause)
         allocated = sum(o.nbytes for o in outs)
         rt.store.allocate(dev, allocated, lambda: prog.check(op.gang))
-        start = time.perf_counter()
+        now = time.perf_counter()
+        start = now if clock is None else min(max(clock, now - gang.cost_s), now)
         if isinstance(op, KernelOp):
             assert gang.body is not None
             ctx = KernelContext(rt, prog, gang, device, op.position)
             with bind(ctx), np.errstate(all="ignore"):
                 values = _check(gang, gang.body(*inputs), op.outputs)
-            wait_until(start + gang.cost_s, lambda: prog.check(op.gang))
+            deadline = start + gang.cost_s
+            worked = time.perf_counter()
+            wait_until(deadline, lambda: prog.check(op.gang))
         elif isinstance(op, ReshardOp):
             values = _reshard(rt, prog, op, device, inputs)
+            deadline = worked = start
         else:
             assert isinstance(op, PutOp)
             values = (op.data,)
-        rt.account(dev, time.perf_counter() - start)
+            deadline = worked = start
+        end = time.perf_counter()
+        # If it waited for its deadline, the gang ended at its modelled time; else its real work did.
+        modelled_end = deadline if worked < deadline else end
+        rt.account(dev, modelled_end - start)
     except BaseException as e:  # noqa: BLE001 - every failure is contained to its gang
         if allocated:
             rt.store.unallocate(dev, allocated)
@@ -102,9 +117,10 @@ def run_op(rt: HostRuntime, prog: HostProgram, device: DeviceInfo, op: Op) -> No
             rt.store.fail((prog.pid, o.vid), dev, cause)
         if not isinstance(e, Aborted):
             rt.abort_gang(prog, gang, cause)
-        return
+        return time.perf_counter()
     for o, v in zip(outs, values):
         rt.store.put((prog.pid, o.vid), dev, v, o.nbytes)
+    return modelled_end
 
 
 def _read_inputs(rt: HostRuntime, prog: HostProgram, op: Op, dev: int) -> list[np.ndarray]:

@@ -12,7 +12,7 @@ import logging
 import random
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ from distributed.protocol import to_serialize
 
 from ..errors import GangAbortedError
 from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, Ref, ReshardOp
-from ..topology import DeviceInfo, Topology, device_info
+from ..topology import DeviceInfo, Topology
 from .device import DeviceStream
 from .store import BufferStore
 from .transfer import LinkModel, Mailbox, wait_until
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from distributed import Worker
 
 logger = logging.getLogger("pathdask.worker")
+
+PLAN_CACHE = 4096  # plans a host keeps, least recently used first out
 
 
 
@@ -118,6 +120,8 @@ class HostRuntime(WorkerPlugin):
         self.peers: dict[str, BatchedSend] = {}
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._op_waiters: dict[tuple[str, int, int], threading.Event] = {}
+        self.plans: OrderedDict[str, HostPlan] = OrderedDict()  # plan id -> plan, LRU
+        self._plan_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._program_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self.peer_backlog: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.streams = {d: DeviceStream(self, info) for d, info in self.devices.items()}
@@ -177,6 +181,34 @@ class HostRuntime(WorkerPlugin):
                 if pid in self.dropped:
                     break
                 self.streams[d].enqueue(pid)
+
+    async def plan(self, plan: HostPlan | str) -> HostPlan:
+        """Cache a plan that came with a dispatch, or find the cached plan of an id."""
+        if isinstance(plan, HostPlan):
+            if not plan.id:
+                return plan
+            self.plans[plan.id] = plan
+            self.plans.move_to_end(plan.id)
+            while len(self.plans) > PLAN_CACHE:
+                self.plans.popitem(last=False)
+            for fut in self._plan_waiters.pop(plan.id, ()):
+                _resolve(fut)
+            return plan
+        found = self.plans.get(plan)
+        if found is None:
+            # The call that brings the plan may still be on its way (tasks can overtake).
+            fut = self.loop.create_future()
+            self._plan_waiters.setdefault(plan, []).append(fut)
+            try:
+                await asyncio.wait_for(fut, 30)
+            except TimeoutError:
+                raise RuntimeError(
+                    f"Host {self.address} has no cached plan {plan}: it was evicted (more than "
+                    f"{PLAN_CACHE} programs) or this worker restarted. Create a new client"
+                ) from None
+            found = self.plans[plan]
+        self.plans.move_to_end(plan)
+        return found
 
     async def dispatch(self, pid: str, plan: HostPlan, inputs: tuple[BufferKey, ...], client: str,
                        gated: bool = False) -> str:
@@ -296,7 +328,7 @@ class HostRuntime(WorkerPlugin):
         stream.exchange_wait_s += time.perf_counter() - sent
         deadline = start
         for src, value in got.items():
-            arrival = self.links.arrival(device_info(self.topology, src), me, value.nbytes, start)
+            arrival = self.links.arrival(src, me, value.nbytes, start)
             deadline = max(deadline, arrival)
         wait_until(deadline, lambda: self.mailbox.check(pid, gang))
         return got

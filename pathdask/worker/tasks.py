@@ -8,10 +8,14 @@ from ..ops import HostPlan
 from .runtime import runtime
 
 
-async def dispatch_task(pid: str, plan: HostPlan, inputs: tuple[tuple[str, int], ...], client: str,
+async def dispatch_task(pid: str, plan: HostPlan | str, inputs: tuple[tuple[str, int], ...], client: str,
                         gated: bool = False) -> str:
-    """Register this host's part of a program with its runtime; returns before execution."""
-    return await runtime().dispatch(pid, plan, inputs, client, gated=gated)
+    """Register this host's part of a program with its runtime; returns before execution.
+
+    ``plan`` is the host's plan, or its id when an earlier call brought it here.
+    """
+    rt = runtime()
+    return await rt.dispatch(pid, await rt.plan(plan), inputs, client, gated=gated)
 
 
 def run_gang_task(registered: str, pid: str, gang: int, device: int, *upstream: Any) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import GangAbortedError
-from ..topology import LINK_CLASSES, DeviceInfo, Topology
+from ..topology import LINK_CLASSES, DeviceInfo, Link, Topology, device_info
 
 SlotKey = tuple[str, int, int, int]  # (program, gang, seq, destination device)
 
@@ -115,11 +115,15 @@ class LinkModel:
         self.busy_until: dict[tuple[int, str], float] = {}
         self.bytes: dict[str, int] = dict.fromkeys(LINK_CLASSES, 0)
         self.transfers: dict[str, int] = dict.fromkeys(LINK_CLASSES, 0)
+        self._pairs: dict[tuple[int, int], tuple[str, Link | None]] = {}
 
-    def arrival(self, src: DeviceInfo, dst: DeviceInfo, nbytes: int, start: float) -> float:
-        """When a piece sent at ``start`` is modelled to be in ``dst``'s memory."""
-        cls = self.topology.link_class(src, dst)
-        link = self.topology.link(cls)
+    def arrival(self, src: int, dst: DeviceInfo, nbytes: int, start: float) -> float:
+        """When a piece sent at ``start`` from device ``src`` is modelled to be in ``dst``'s memory."""
+        pair = self._pairs.get((src, dst.id))
+        if pair is None:
+            cls = self.topology.link_class(device_info(self.topology, src), dst)
+            pair = self._pairs[(src, dst.id)] = (cls, self.topology.link(cls))
+        cls, link = pair
         if link is None:
             return start
         with self.lock:

@@ -1,0 +1,31 @@
+"""The benchmarks run in a small configuration; their JSON holds every system's figures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pathdask.bench import dispatch
+
+
+@pytest.mark.slow
+def test_bench_dispatch_small(tmp_path):
+    result = dispatch.run(dispatch.Config.small(), out=str(tmp_path), echo=lambda s: None, processes=False)
+    data = json.loads((tmp_path / "dispatch.json").read_text())
+    assert (tmp_path / "dispatch.html").stat().st_size > 10_000
+    fig5 = data["figure5"]
+    for system in ("dask", "pathdask-seq", "pathdask", "multi-controller"):
+        for shape in ("OpByOp", "Chained", "Fused"):
+            rate = fig5[system][shape]
+            assert rate is None if (system, shape) == ("dask", "Fused") else rate > 0, (system, shape)
+    fig6 = data["figure6"]["rates"]
+    assert set(fig6) == {f"{s} {shape}" for s in ("dask", "pathdask", "multi-controller")
+                         for shape in ("OpByOp", "Chained")}
+    assert all(len(v) == len(dispatch.Config.small().costs) for v in fig6.values())
+    assert set(data["figure7"]["parallel"]) == set(data["figure7"]["sequential"]) == {"1", "2"}
+    for key in ("pathdask_chained_over_dask_opbyop", "pathdask_chained_over_multicontroller_fused",
+                "pathdask_chained_1ms_fraction_of_ideal", "pipeline_parallel_over_sequential"):
+        assert data["ratios"][key] is not None
+    assert result["idle_gap_median_s"] is not None and result["idle_gap_median_s"] >= 0
+    assert "skipped" in data["ray"] or "0ms" in data["ray"]
