@@ -69,5 +69,21 @@ def bench_dispatch(small: bool, out: str, topology: str | None, repeats: int | N
     run(cfg, Topology.load(topology) if topology else None, out=out, echo=click.echo, processes=processes)
 
 
+@bench.command("tenancy")
+@click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
+@click.option("--out", default="bench-results", show_default=True, help="Folder for JSON and HTML.")
+@click.option("--topology", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Topology YAML file.  [default: cluster/local.yaml]")
+@click.option("--processes/--threads", default=True, show_default=True,
+              help="One worker process per host, or all hosts in this process.")
+def bench_tenancy(small: bool, out: str, topology: str | None, processes: bool) -> None:
+    """Figures 8-9: proportional share between clients, and many clients at once."""
+    from .bench.tenancy import Config, run
+    from .topology import Topology
+
+    run(Config.small() if small else Config(), Topology.load(topology) if topology else None, out=out,
+        echo=click.echo, processes=processes)
+
+
 if __name__ == "__main__":
     main()

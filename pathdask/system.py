@@ -34,6 +34,9 @@ class LocalSystem:
         One process per host (the default) or all hosts in this process.
     dashboard_address : str or None
         Where the Dask dashboard listens; ``None`` disables it.
+    policy : str, optional
+        How the island scheduler shares devices between clients: ``"fifo"`` or
+        ``"proportional"`` (by client weight). Defaults to ``pathdask.policy``.
     threads_per_worker : int, optional
         Dask threads per host; defaults to ``devices_per_host``, which sequential
         dispatch needs (one waiting task per device).
@@ -48,10 +51,12 @@ class LocalSystem:
 
     def __init__(self, topology: Topology | None = None, *, processes: bool = True,
                  dashboard_address: str | None = "127.0.0.1:0", threads_per_worker: int | None = None,
-                 ordering: bool = True, dispatch_jitter: float = 0.0, silence_logs: int = logging.ERROR,
+                 policy: str | None = None, ordering: bool = True, dispatch_jitter: float = 0.0,
+                 silence_logs: int = logging.ERROR,
                  **cluster_kwargs: Any) -> None:
         self.topology = topology or default_topology()
-        self._plugin = PathwaysScheduler(self.topology, ordering=ordering, dispatch_jitter=dispatch_jitter)
+        self._plugin = PathwaysScheduler(self.topology, ordering=ordering, dispatch_jitter=dispatch_jitter,
+                                         policy=policy)
         self._dashboard = dashboard_address is not None
         if dashboard_address is None:
             # LocalCluster reads None as the default :8787, and the scheduler's HTTP

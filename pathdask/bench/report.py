@@ -53,16 +53,16 @@ def idle_gaps(timeline: dict[int, list[Any]]) -> list[float]:
     gaps = []
     for spans in timeline.values():
         spans = sorted(spans)
-        for (_, e0, p0, _), (s1, _, p1, _) in zip(spans, spans[1:]):
-            if p0 == p1:
-                gaps.append(max(0.0, s1 - e0))
+        for a, b in zip(spans, spans[1:]):
+            if a[2] == b[2]:  # same program
+                gaps.append(max(0.0, b[0] - a[1]))
     return gaps
 
 
 def save_plots(path: str, title: str, curves: list[dict[str, Any]],
-               timeline: dict[int, list[Any]] | None = None) -> str:
+               timeline: dict[int, list[Any]] | None = None, names: dict[str, str] | None = None) -> str:
     """Save line plots (``{"title", "x_label", "y_label", "series": {name: (xs, ys)}, "log_x"}``)
-    and optionally a device timeline, as one Bokeh HTML file."""
+    and optionally a device timeline (coloured by client, named by ``names``), as one Bokeh HTML file."""
     from bokeh.embed import file_html
     from bokeh.layouts import column
     from bokeh.models import ColumnDataSource
@@ -83,17 +83,23 @@ def save_plots(path: str, title: str, curves: list[dict[str, Any]],
         figs.append(fig)
     if timeline:
         t0 = min(s for spans in timeline.values() for s, *_ in spans) if any(timeline.values()) else 0.0
-        src: dict[str, list[Any]] = {"left": [], "right": [], "bottom": [], "top": [], "gang": []}
+        names = names or {}
+        clients = sorted({t[4] for spans in timeline.values() for t in spans})
+        colors = {c: Category10_10[i % 10] for i, c in enumerate(clients)}
+        src: dict[str, list[Any]] = {k: [] for k in ("left", "right", "bottom", "top", "gang", "client", "color")}
         for dev, spans in timeline.items():
-            for s, e, _pid, name in spans:
-                src["left"].append((s - t0) * 1e3)
-                src["right"].append((e - t0) * 1e3)
+            for t in spans:
+                src["left"].append((t[0] - t0) * 1e3)
+                src["right"].append((t[1] - t0) * 1e3)
                 src["bottom"].append(dev - 0.4)
                 src["top"].append(dev + 0.4)
-                src["gang"].append(name)
-        fig = figure(title="device timeline", x_axis_label="ms", y_axis_label="device", width=800,
-                     height=300, tooltips=[("gang", "@gang")])
-        fig.quad(source=ColumnDataSource(src), left="left", right="right", bottom="bottom", top="top")
+                src["gang"].append(t[3])
+                src["client"].append(names.get(t[4], t[4]))
+                src["color"].append(colors[t[4]])
+        fig = figure(title="device timeline (colour: client)", x_axis_label="ms", y_axis_label="device",
+                     width=800, height=300, tooltips=[("gang", "@gang"), ("client", "@client")])
+        fig.quad(source=ColumnDataSource(src), left="left", right="right", bottom="bottom", top="top",
+                 color="color")
         figs.append(fig)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:

@@ -13,7 +13,7 @@ import numpy as np
 from dask.utils import parse_timedelta
 from distributed import Client as DaskClient
 
-from ..errors import ShardingError, SliceTooLargeError
+from ..errors import DeviceLostError, ShardingError, SliceTooLargeError
 from ..mesh import Mesh, check_shape
 from ..ops import GangSpec, HostPlan, OutSpec, PutOp
 from ..sharding import Sharding
@@ -95,8 +95,11 @@ class Client:
         """Per device bytes in use, capacity, peak, busy time and gangs run; bytes per link class."""
         return dict(self.dask.sync(self.dask.scheduler.pathdask_stats))
 
-    def timeline(self, since: float = 0.0) -> dict[int, list[tuple[float, float, str, str]]]:
-        """Per device, ``(start, end, program, gang)`` of recent gangs (``time.perf_counter``)."""
+    def timeline(self, since: float = 0.0) -> dict[int, list[tuple[float, float, str, str, str]]]:
+        """Per device, ``(start, end, program, gang, client id)`` of recent gangs.
+
+        Times are ``time.perf_counter()`` of the hosts (one clock on one machine).
+        """
         return dict(self.dask.sync(self.dask.scheduler.pathdask_timeline, since=since))
 
     def reset_observations(self) -> None:
@@ -226,12 +229,19 @@ class Client:
             dev = array.mesh.devices[p]
             want.setdefault(dev.address, []).append((p, (array._pid, array._vid, dev.id)))
 
+        async def fetch_from(addr: str, buffers: list[tuple[str, int, int]]) -> list[np.ndarray]:
+            try:
+                return list(await self.dask.rpc(addr).pathdask_fetch(buffers=buffers))
+            except OSError as e:  # CommClosedError is one
+                raise DeviceLostError(
+                    f"Host {addr}, which holds shards of this array, is gone ({type(e).__name__}: {e})"
+                ) from e
+
         async def gather() -> list[list[np.ndarray]]:
             # Ask the hosts straight away (they answer once the shards are computed) and
             # watch the dispatch futures meanwhile, which carry a failed dispatch.
             fetch = asyncio.ensure_future(asyncio.gather(*(
-                self.dask.rpc(addr).pathdask_fetch(buffers=[b for _, b in items])
-                for addr, items in want.items())))
+                fetch_from(addr, [b for _, b in items]) for addr, items in want.items())))
             dispatched = asyncio.ensure_future(self.dask._gather(futures))
             dispatched.add_done_callback(lambda t: t.cancelled() or t.exception())
             try:

@@ -114,12 +114,21 @@ def _output_keys(pid: str, plans: dict[str, HostPlan]) -> dict[int, dict[str, An
     return out
 
 
-def _annotation(pid: str, plans: dict[str, HostPlan], out_keys: dict[int, dict[str, Any]]) -> dict[str, Any]:
+#: what proportional share charges a gang with no modelled cost, per device
+MIN_GANG_COST = 1e-4
+
+
+def _annotation(pid: str, plans: dict[str, HostPlan], out_keys: dict[int, dict[str, Any]],
+                inputs: tuple[tuple[str, int], ...]) -> dict[str, Any]:
     """What the scheduler plugin needs to slot the program (read in its ``update_graph`` hook)."""
+    cost = sum(max(plan.gangs[op.gang].cost_s, MIN_GANG_COST)
+               for plan in plans.values() for ops in plan.ops.values() for op in ops)
     return {
         "pid": pid,
         "hosts": {addr: list(plan.ops) for addr, plan in plans.items()},
         "outputs": [(key, addr) for hosts in out_keys.values() for addr, key in hosts.items()],
+        "cost": cost,
+        "deps": sorted({producer for producer, _ in inputs}),
     }
 
 
@@ -134,7 +143,7 @@ def build_graph(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, i
 
     payloads = payloads or {}
     out_keys = _output_keys(pid, plans)
-    program = _annotation(pid, plans, out_keys)
+    program = _annotation(pid, plans, out_keys, inputs)
     layers: dict[str, MaterializedLayer] = {}
     keys: list[Any] = []
     for h, (addr, plan) in enumerate(plans.items()):
@@ -173,7 +182,7 @@ def build_sequential_graph(pid: str, program: Program, plans: dict[str, HostPlan
         name = f"pathdask-{pid}-register-{h}"
         task = Task(register[addr], dispatch_task, pid, plan, inputs, client, True)
         layers[name] = _pinned({register[addr]: task}, addr,
-                               _annotation(pid, plans, out_keys) if h == 0 else None)
+                               _annotation(pid, plans, out_keys, inputs) if h == 0 else None)
         deps[name] = set()
         keys.append(register[addr])
     producer = {v: g.index for g in program.gangs for v in g.outputs}

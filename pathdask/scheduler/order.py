@@ -4,17 +4,18 @@ Devices are single-threaded and a collective waits for every member of its
 gang, so two gangs that share devices must run in the same relative order on
 all of them. Every submitted program therefore gets a *slot* in one global
 order; each host learns, per device, the programs in slot order and never
-runs ahead of it. A policy only decides which waiting program gets the next
-slot.
+runs ahead of it. A :class:`Policy` only decides which waiting program gets
+the next slot, and no policy slots a program before the programs that
+produce its inputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
-
-POLICIES = ("fifo",)
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -24,26 +25,193 @@ class Submission:
     pid: str
     client: str
     hosts: dict[str, list[int]]  # worker address -> device ids the program uses there
+    cost: float = 0.0  # estimated device-seconds, what proportional share charges
+    deps: frozenset[str] = field(default_factory=frozenset)  # programs producing its inputs
+
+    @property
+    def devices(self) -> list[int]:
+        return [d for devs in self.hosts.values() for d in devs]
+
+
+class Policy(ABC):
+    """Chooses which waiting program gets the next slot.
+
+    A policy plugs in by subclassing this and registering a ``name``;
+    ``pathdask.policy`` in dask config picks one by name.
+    """
+
+    name: ClassVar[str]
+    #: programs a device may have slotted and unfinished before the policy is asked
+    #: again; ``None`` slots every program as soon as it arrives.
+    window: ClassVar[int | None] = None
+
+    @abstractmethod
+    def push(self, sub: Submission, weight: float) -> None:
+        """A new program of a client with this weight is waiting."""
+
+    @abstractmethod
+    def pop(self, eligible: Callable[[Submission], bool]) -> Submission | None:
+        """The next program to slot among the eligible ones, or ``None``."""
+
+    @abstractmethod
+    def drop_client(self, client: str) -> list[Submission]:
+        """Forget a client's waiting programs; returns them."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+
+class FIFO(Policy):
+    """Programs in arrival order, each slotted as soon as it arrives."""
+
+    name = "fifo"
+
+    def __init__(self) -> None:
+        self.queue: deque[Submission] = deque()
+
+    def push(self, sub: Submission, weight: float) -> None:
+        self.queue.append(sub)
+
+    def pop(self, eligible: Callable[[Submission], bool]) -> Submission | None:
+        for sub in self.queue:
+            if eligible(sub):
+                self.queue.remove(sub)
+                return sub
+        return None
+
+    def drop_client(self, client: str) -> list[Submission]:
+        gone = [s for s in self.queue if s.client == client]
+        self.queue = deque(s for s in self.queue if s.client != client)
+        return gone
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+
+class ProportionalShare(Policy):
+    """Device time shared between clients in proportion to their weights.
+
+    Start-time fair queueing: each client has a virtual time that grows by a
+    program's cost divided by the client's weight when it is slotted; the next
+    slot goes to the eligible client with the smallest virtual time. A client
+    that was idle starts from the current virtual time, so it cannot bank credit.
+    Programs stay queued while their devices already hold ``window`` slotted,
+    unfinished programs, so that the choice is made late enough to matter.
+    """
+
+    name = "proportional"
+    window = 2
+
+    def __init__(self) -> None:
+        self.queues: dict[str, deque[Submission]] = {}
+        self.weights: dict[str, float] = {}
+        self.vtime: dict[str, float] = {}
+        self.now = 0.0
+
+    def push(self, sub: Submission, weight: float) -> None:
+        q = self.queues.setdefault(sub.client, deque())
+        if not q:
+            self.vtime[sub.client] = max(self.vtime.get(sub.client, 0.0), self.now)
+        self.weights[sub.client] = max(weight, 1e-9)
+        q.append(sub)
+
+    def pop(self, eligible: Callable[[Submission], bool]) -> Submission | None:
+        # a client's own programs stay in order: only the head of each queue may go
+        heads = [(self.vtime[c], c) for c, q in self.queues.items() if q and eligible(q[0])]
+        if not heads:
+            return None
+        vt, client = min(heads)
+        sub = self.queues[client].popleft()
+        self.now = vt
+        self.vtime[client] = vt + sub.cost / self.weights[client]
+        return sub
+
+    def drop_client(self, client: str) -> list[Submission]:
+        return list(self.queues.pop(client, ()))
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self.queues.values())
+
+
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (FIFO, ProportionalShare)}
+
+
+def make_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(
+            f"Unknown scheduling policy {name!r}; the available policies are {sorted(POLICIES)}"
+        ) from None
 
 
 class IslandScheduler:
-    """Assigns slots. FIFO is the only policy built so far."""
+    """Slots programs in one global order, as the policy chooses, never before their inputs."""
 
     def __init__(self, policy: str = "fifo") -> None:
-        if policy not in POLICIES:
-            raise NotImplementedError(
-                f"Scheduling policy {policy!r} is not built yet; the available policies are "
-                f"{list(POLICIES)}"
-            )
-        self.policy = policy
+        self.policy = make_policy(policy)
         self.next_slot = 0
-        self.slotted = 0
+        self.inflight: dict[str, Submission] = {}
+        self.pending_hosts: dict[str, set[str]] = {}  # slotted program -> hosts still running it
+        self.device_load: dict[int, int] = {}
+        self.waiting: set[str] = set()
 
-    def submit(self, sub: Submission) -> Iterable[tuple[int, Submission]]:
-        """Take a submission; yield the (slot, submission) pairs that are now slotted."""
-        slot, self.next_slot = self.next_slot, self.next_slot + 1
-        self.slotted += 1
-        yield slot, sub
+    def submit(self, sub: Submission, weight: float) -> list[tuple[int, Submission]]:
+        """Take a submission; returns the (slot, submission) pairs that are now slotted."""
+        self.waiting.add(sub.pid)
+        self.policy.push(sub, weight)
+        return self._fill()
+
+    def host_done(self, pid: str, host: str) -> list[tuple[int, Submission]]:
+        """A host finished its part of ``pid``; returns newly slotted programs."""
+        hosts = self.pending_hosts.get(pid)
+        if hosts is None:
+            return []
+        hosts.discard(host)
+        if hosts:
+            return []
+        del self.pending_hosts[pid]
+        sub = self.inflight.pop(pid)
+        for d in sub.devices:
+            self.device_load[d] -= 1
+        return self._fill()
+
+    def drop_client(self, client: str) -> list[tuple[int, Submission]]:
+        """A client left: its waiting programs are forgotten, its slotted ones count as done."""
+        for sub in self.policy.drop_client(client):
+            self.waiting.discard(sub.pid)
+        out = []
+        for pid in [p for p, s in self.inflight.items() if s.client == client]:
+            for host in list(self.pending_hosts.get(pid, ())):
+                out += self.host_done(pid, host)
+        return out + self._fill()
+
+    def host_lost(self, host: str) -> list[tuple[int, Submission]]:
+        out = []
+        for pid in [p for p, hosts in self.pending_hosts.items() if host in hosts]:
+            out += self.host_done(pid, host)
+        return out
+
+    def _eligible(self, sub: Submission) -> bool:
+        if sub.deps & self.waiting:
+            return False  # a producer of its inputs has no slot yet
+        window = self.policy.window
+        return window is None or all(self.device_load.get(d, 0) < window for d in sub.devices)
+
+    def _fill(self) -> list[tuple[int, Submission]]:
+        out: list[tuple[int, Submission]] = []
+        while True:
+            sub = self.policy.pop(self._eligible)
+            if sub is None:
+                return out
+            self.waiting.discard(sub.pid)
+            slot, self.next_slot = self.next_slot, self.next_slot + 1
+            self.inflight[sub.pid] = sub
+            self.pending_hosts[sub.pid] = set(sub.hosts)
+            for d in sub.devices:
+                self.device_load[d] = self.device_load.get(d, 0) + 1
+            out.append((slot, sub))
 
     def info(self) -> dict[str, Any]:
-        return {"policy": self.policy, "slotted": self.slotted}
+        return {"policy": self.policy.name, "slotted": self.next_slot, "waiting": len(self.policy),
+                "inflight": len(self.inflight)}

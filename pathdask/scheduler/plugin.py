@@ -20,7 +20,7 @@ from distributed.protocol.pickle import dumps
 from ..errors import SliceTooLargeError
 from ..ops import OUT_PREFIX
 from ..topology import Topology
-from .order import IslandScheduler, Submission
+from .order import IslandScheduler, Submission, make_policy
 from .resources import ResourceManager
 
 if TYPE_CHECKING:
@@ -66,6 +66,7 @@ class PathwaysScheduler(SchedulerPlugin):
         self.ordering = ordering
         self.dispatch_jitter = dispatch_jitter
         self.policy = policy or dask.config.get("pathdask.policy", "fifo")
+        make_policy(self.policy)  # an unknown name fails here, where the system is configured
 
     async def start(self, scheduler: Scheduler) -> None:
         from ..worker.runtime import HostRuntime
@@ -79,6 +80,7 @@ class PathwaysScheduler(SchedulerPlugin):
         self.output_owners: dict[Any, str] = {}  # output key -> address of the host it owns buffers on
         for name in HANDLERS:
             scheduler.handlers[name] = getattr(self, name[len("pathdask_"):])
+        scheduler.stream_handlers["pathdask-program-done"] = self.program_done
         await scheduler.register_worker_plugin(
             None, dumps(HostRuntime()), name="pathdask", idempotent=False
         )
@@ -127,8 +129,26 @@ class PathwaysScheduler(SchedulerPlugin):
         return len(self.resources.hosts)
 
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
-        if self.resources.remove_host(worker) is not None:
+        """A host left: the programs that use its devices fail with DeviceLostError everywhere."""
+        rec = self.resources.remove_host(worker)
+        if rec is None:
+            return
+        affected = [s for s in self.order.inflight.values() if worker in s.hosts]
+        if affected and scheduler.status.name == "running":
+            reason = (f"host {worker} (island {rec.island}, host {rec.host}, devices "
+                      f"{[d.id for d in rec.devices]}) left the cluster while this program used it")
+            logger.warning("pathdask: %s; failing %d program(s)", reason, len(affected))
+            per_host: dict[str, list[str]] = {}
+            for s in affected:
+                for addr in s.hosts:
+                    per_host.setdefault(addr, []).append(s.pid)
+            for addr, pids in per_host.items():
+                comm = scheduler.stream_comms.get(addr)
+                if comm is not None and addr != worker:
+                    comm.send({"op": "pathdask-drop-programs", "pids": pids, "reason": reason})
+        else:
             logger.info("pathdask: host %s left; its devices are gone", worker)
+        self._send_orders(self.order.host_lost(worker))
 
     # -- clients -------------------------------------------------------------
     def register_client(self, client: str, name: str, weight: float = 1.0) -> dict[str, Any]:
@@ -140,6 +160,7 @@ class PathwaysScheduler(SchedulerPlugin):
             return
         del self.clients[client]
         self.resources.release_client(client)
+        self._send_orders(self.order.drop_client(client))
         for addr in self.resources.hosts:
             comm = scheduler.stream_comms.get(addr)
             if comm is not None:
@@ -174,25 +195,31 @@ class PathwaysScheduler(SchedulerPlugin):
         uses per host, and which host each output key owns buffers on.
         """
         for info in {a["pid"]: a for a in annotations.get("pathdask", {}).values()}.values():
-            self.submit(client, info["pid"], info["hosts"], info["outputs"])
+            for key, addr in info["outputs"]:
+                self.output_owners[_key(key)] = addr
+            sub = Submission(info["pid"], client, info["hosts"], info.get("cost", 0.0),
+                             frozenset(info.get("deps", ())))
+            weight = self.clients.get(client, {}).get("weight", 1.0)
+            self._send_orders(self.order.submit(sub, weight))
 
-    def submit(self, client: str, pid: str, hosts: dict[str, list[int]],
-               outputs: list[tuple[Any, str]]) -> None:
-        """Slot a program and tell each of its hosts where it goes in their devices' order.
-
-        ``outputs`` pairs each output key with the host whose buffers it owns.
-        """
-        for key, addr in outputs:
-            self.output_owners[_key(key)] = addr
-        for _slot, sub in self.order.submit(Submission(pid, client, hosts)):
-            if not self.ordering:
-                continue
+    def _send_orders(self, slotted: list[tuple[int, Submission]]) -> None:
+        """Tell each host of each newly slotted program where it goes in its devices' order."""
+        if not self.ordering:
+            return
+        per_host: dict[str, list[tuple[str, str, list[int]]]] = {}
+        for _slot, sub in slotted:
             for addr, devices in sub.hosts.items():
-                comm = self.scheduler.stream_comms.get(addr)
-                if comm is None:
-                    logger.error("pathdask: program %s uses host %s, which is gone", pid, addr)
-                    continue
-                comm.send({"op": "pathdask-order", "programs": [(sub.pid, sub.client, devices)]})
+                per_host.setdefault(addr, []).append((sub.pid, sub.client, devices))
+        for addr, programs in per_host.items():
+            comm = self.scheduler.stream_comms.get(addr)
+            if comm is None:
+                logger.error("pathdask: programs %s use host %s, which is gone", [p for p, *_ in programs], addr)
+                continue
+            comm.send({"op": "pathdask-order", "programs": programs})
+
+    def program_done(self, worker: str, pid: str) -> None:
+        """A host ran its part of a program (stream op from the workers)."""
+        self._send_orders(self.order.host_done(pid, worker))
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         """When the scheduler forgets an output key, its host frees the buffers it owned.
@@ -212,12 +239,12 @@ class PathwaysScheduler(SchedulerPlugin):
 
     # -- observation -------------------------------------------------------------
     async def stats(self) -> dict[str, Any]:
-        replies = await self.scheduler.broadcast(msg={"op": "pathdask_stats"})
+        replies = await self.scheduler.broadcast(msg={"op": "pathdask_stats"}, on_error="ignore")
         return _merge(replies)
 
     async def timeline(self, since: float = 0.0) -> dict[int, list[Any]]:
         """Per device, (start, end, program, gang) of recent gangs, from every host."""
-        replies = await self.scheduler.broadcast(msg={"op": "pathdask_timeline", "since": since})
+        replies = await self.scheduler.broadcast(msg={"op": "pathdask_timeline", "since": since}, on_error="ignore")
         out: dict[int, list[Any]] = {}
         for reply in replies.values():
             if isinstance(reply, dict):
@@ -225,12 +252,12 @@ class PathwaysScheduler(SchedulerPlugin):
         return dict(sorted(out.items()))
 
     async def reset_observations(self) -> None:
-        await self.scheduler.broadcast(msg={"op": "pathdask_reset_observations"})
+        await self.scheduler.broadcast(msg={"op": "pathdask_reset_observations"}, on_error="ignore")
 
     async def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
         """Wait until every host holds no buffers; raises ``TimeoutError`` otherwise."""
         replies = await asyncio.wait_for(
-            self.scheduler.broadcast(msg={"op": "pathdask_wait_idle"}), parse_timedelta(timeout)
+            self.scheduler.broadcast(msg={"op": "pathdask_wait_idle"}, on_error="ignore"), parse_timedelta(timeout)
         )
         return _merge(replies)
 

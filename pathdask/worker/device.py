@@ -35,8 +35,8 @@ class DeviceStream:
         self.exchange_wait_s = 0.0  # real time spent waiting for peers' pieces
         self.running: str | None = None
         self.gaps: deque[float] = deque(maxlen=4096)  # idle time between back-to-back gangs
-        #: (start, end, program, gang name) of recent gangs, for timelines
-        self.timeline: deque[tuple[float, float, str, str]] = deque(maxlen=20000)
+        #: (start, end, program, gang name, client) of recent gangs, for timelines
+        self.timeline: deque[tuple[float, float, str, str, str]] = deque(maxlen=20000)
         self.thread = threading.Thread(
             target=self._run, name=f"pathdask-device-{info.id}", daemon=True
         )
@@ -98,7 +98,8 @@ class DeviceStream:
                     self.gaps.append(begin - last_end)
                 clock = run_op(self.rt, prog, self.info, op, clock if last_end is not None else None)
                 self.gangs_run += 1
-                self.timeline.append((begin, time.perf_counter(), pid, prog.plan.gangs[op.gang].name))
+                self.timeline.append((begin, time.perf_counter(), pid, prog.plan.gangs[op.gang].name,
+                                      prog.client))
                 if prog.released is not None:
                     self.rt.gang_done(prog, self.info.id, op.gang)
                 backlog = i + 1 < len(ops) or bool(self.order)

@@ -86,8 +86,9 @@ def run_op(rt: HostRuntime, prog: HostProgram, device: DeviceInfo, op: Op, clock
         cause = prog.check(op.gang)
         if cause is not None:
             raise Aborted(cause)
-        allocated = sum(o.nbytes for o in outs)
-        rt.store.allocate(dev, allocated, lambda: prog.check(op.gang))
+        need = sum(o.nbytes for o in outs)
+        rt.store.allocate(dev, need, lambda: prog.check(op.gang))
+        allocated = need
         now = time.perf_counter()
         start = now if clock is None else min(max(clock, now - gang.cost_s), now)
         if isinstance(op, KernelOp):

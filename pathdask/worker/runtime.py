@@ -24,7 +24,7 @@ from distributed.batched import BatchedSend
 from distributed.comm import connect, get_address_host
 from distributed.protocol import to_serialize
 
-from ..errors import GangAbortedError
+from ..errors import DeviceLostError, GangAbortedError
 from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, Ref, ReshardOp
 from ..topology import DeviceInfo, Topology
 from .device import DeviceStream
@@ -104,7 +104,8 @@ class HostRuntime(WorkerPlugin):
             d.id: DeviceInfo(d.id, d.island, d.host, d.index, worker.address)
             for d in self.topology.devices_of_host(self.island, self.host)
         }
-        self.store = BufferStore({d: self.topology.hbm for d in self.devices}, self.loop)
+        self.store = BufferStore({d: self.topology.hbm for d in self.devices}, self.loop,
+                                 parse_timedelta(dask.config.get("pathdask.allocation-timeout")))
         self.mailbox = Mailbox(parse_timedelta(dask.config.get("pathdask.collective-timeout")))
         self.links = LinkModel(self.topology)
         self.transport: SocketTransport | None = None
@@ -140,6 +141,7 @@ class HostRuntime(WorkerPlugin):
             "pathdask-abort": self.on_abort,
             "pathdask-drop-client": self.drop_client,
             "pathdask-release-outputs": self.on_release_outputs,
+            "pathdask-drop-programs": self.on_drop_programs,
         })
         for s in self.streams.values():
             s.start()
@@ -296,11 +298,17 @@ class HostRuntime(WorkerPlugin):
                 del self.programs[pid]
                 self.order_clients.pop(pid, None)
         if finished:
+            self.loop.call_soon_threadsafe(self._report_done, pid)
             self.mailbox.finish_program(pid)
             for fut in self._program_waiters.pop(pid, ()):
                 self.loop.call_soon_threadsafe(_resolve, fut)
         if self._idle_waiters and self._is_idle():
             self.loop.call_soon_threadsafe(self._wake_idle)
+
+    def _report_done(self, pid: str) -> None:
+        assert self.worker is not None
+        if self.worker.batched_stream.comm is not None and not self.worker.batched_stream.comm.closed():
+            self.worker.batched_stream.send({"op": "pathdask-program-done", "pid": pid})
 
     def _is_idle(self) -> bool:
         return not self.programs and not any(s.order or s.running for s in self.streams.values())
@@ -415,6 +423,11 @@ class HostRuntime(WorkerPlugin):
         for s in self.streams.values():
             s.wake()
 
+    def on_drop_programs(self, pids: list[str], reason: str) -> None:
+        """Programs that used a lost host fail here too, so that nothing waits for it."""
+        for pid in pids:
+            self.drop_program(pid, DeviceLostError(reason))
+
     def drop_client(self, client: str) -> None:
         """Drop every pending program of a client that has gone away."""
         cause = GangAbortedError(f"client {client} closed or was lost; its programs were dropped")
@@ -432,6 +445,8 @@ class HostRuntime(WorkerPlugin):
         """The values of program buffers on this host, once computed (client ``.result()``)."""
         out = []
         for pid, vid, dev in buffers:
+            if pid in self.dropped:
+                raise self.dropped[pid]
             out.append(to_serialize(await self.store.wait_value((pid, vid), dev)))
         return out
 
@@ -460,8 +475,8 @@ class HostRuntime(WorkerPlugin):
             "mailbox": self.mailbox.pending(),
         }
 
-    def timeline(self, since: float = 0.0) -> dict[int, list[tuple[float, float, str, str]]]:
-        """Per device, (start, end, program, gang) of recent gangs that started after ``since``."""
+    def timeline(self, since: float = 0.0) -> dict[int, list[tuple[float, float, str, str, str]]]:
+        """Per device, (start, end, program, gang, client) of recent gangs started after ``since``."""
         return {d: [t for t in s.timeline if t[0] >= since] for d, s in self.streams.items()}
 
     def reset_observations(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +50,9 @@ class DeviceMemory:
 class BufferStore:
     """Buffers of one host's devices. Thread-safe: device threads and the event loop use it."""
 
-    def __init__(self, capacities: dict[int, int], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, capacities: dict[int, int], loop: asyncio.AbstractEventLoop,
+                 allocation_timeout: float = 60.0) -> None:
+        self.allocation_timeout = allocation_timeout
         self.memory = {d: DeviceMemory(c) for d, c in capacities.items()}
         self.buffers: dict[StoreKey, Buffer] = {}
         self.cond = threading.Condition()
@@ -79,11 +82,19 @@ class BufferStore:
                 f"capacity is {format_bytes(mem.capacity)} with {format_bytes(mem.used)} in use. "
                 "Shard the array over more devices or use a topology with more hbm."
             )
+        deadline = time.monotonic() + self.allocation_timeout
         with self.cond:
             while mem.used + nbytes > mem.capacity:
                 exc = is_aborted()
                 if exc is not None:
                     raise exc
+                if time.monotonic() > deadline:
+                    raise DeviceOutOfMemoryError(
+                        f"Device {device} waited {self.allocation_timeout:g}s for "
+                        f"{format_bytes(nbytes)} of HBM: its capacity is {format_bytes(mem.capacity)} "
+                        f"with {format_bytes(mem.used)} in use, and nothing was freed. Delete arrays "
+                        "you no longer need, or raise pathdask.allocation-timeout"
+                    )
                 self.cond.wait(0.05)  # back-pressure: a free or an abort wakes us
             mem.used += nbytes
             mem.peak = max(mem.peak, mem.used)
@@ -153,6 +164,9 @@ class BufferStore:
     def drop_program(self, program: str, error: BaseException) -> None:
         """Free every buffer a dropped program produced, failing its waiters."""
         with self.cond:
+            for skey in [k for k in self._declared_waiters if k[0] == program]:
+                for fut in self._declared_waiters.pop(skey):
+                    self.loop.call_soon_threadsafe(_fail, fut, error)
             for buf in [b for b in self.buffers.values() if b.program == program]:
                 if buf.state == "pending":
                     buf.error, buf.state = error, "error"
@@ -240,3 +254,8 @@ class BufferStore:
 def _resolve(fut: asyncio.Future[Any]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def _fail(fut: asyncio.Future[Any], error: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(error)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import DeviceLostError
 from ..ops import HostPlan
 from .runtime import runtime
 
@@ -15,7 +16,14 @@ async def dispatch_task(pid: str, plan: HostPlan | str, inputs: tuple[tuple[str,
     ``plan`` is the host's plan, or its id when an earlier call brought it here.
     """
     rt = runtime()
-    return await rt.dispatch(pid, await rt.plan(plan), inputs, client, gated=gated)
+    plan = await rt.plan(plan)
+    if rt.address not in {d.address for g in plan.gangs.values() for d in g.members}:
+        # Dask recomputes lost keys on a replacement worker; a program cannot follow its host.
+        raise DeviceLostError(
+            f"Program {pid} was planned for a host that left the cluster; {rt.address} replaced it. "
+            "Call the program again on a new mesh"
+        )
+    return await rt.dispatch(pid, plan, inputs, client, gated=gated)
 
 
 def run_gang_task(registered: str, pid: str, gang: int, device: int, *upstream: Any) -> str:
