@@ -275,10 +275,13 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
     result["ray"] = {"skipped": "not requested (--no-ray)"}
     if cfg.ray:
         try:
-            from .ray_peers import run_ray
+            from .ray_peers import run_ray_isolated as run_ray
 
             result["ray"] = {"0ms": run_ray(steps=cfg.computations, participants=mesh.size),
                              "1ms": run_ray(steps=cfg.computations, participants=mesh.size, compute_s=1e-3)}
+            echo("\nRay " + result["ray"]["0ms"]["ray_version"] + ": steps/s " + ", ".join(
+                f"{k} {v:,.0f} (1 ms: {result['ray']['1ms'][k]:,.0f})"
+                for k, v in result["ray"]["0ms"].items() if k != "ray_version"))
         except ImportError as e:
             echo(f"\nRay: skipped ({e})")
             result["ray"] = {"skipped": str(e)}

@@ -348,8 +348,35 @@ def _main(argv: list[str] | None = None) -> None:
     p.add_argument("--participants", type=int, default=4)
     p.add_argument("--compute-s", type=float, default=0.0)
     p.add_argument("--num-cpus", type=int, default=2)
+    p.add_argument("--json", action="store_true", help="Print JSON (for run_ray_isolated).")
     a = p.parse_args(argv)
-    print(run_ray(steps=a.steps, participants=a.participants, compute_s=a.compute_s, num_cpus=a.num_cpus))
+    result = run_ray(steps=a.steps, participants=a.participants, compute_s=a.compute_s, num_cpus=a.num_cpus)
+    if a.json:
+        import json
+
+        print(json.dumps(result))
+    else:
+        print(result)
+
+
+def run_ray_isolated(steps: int = 128, participants: int = 4, compute_s: float = 0.0,
+                     num_cpus: int = 2) -> dict[str, Any]:
+    """:func:`run_ray` in a fresh process, so that no thread of ours (the Dask client's
+    event loop, say) competes with Ray's busy-polling Compiled Graph actors and driver."""
+    import json
+    import subprocess
+    import sys
+
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ImportError(RAY_MISSING) from None
+    out = subprocess.run(
+        [sys.executable, "-m", "pathdask.bench.ray_peers", "--json", "--steps", str(steps),
+         "--participants", str(participants), "--compute-s", str(compute_s), "--num-cpus", str(num_cpus)],
+        capture_output=True, text=True, timeout=600, check=True,
+    )
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 if __name__ == "__main__":
