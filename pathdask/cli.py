@@ -85,5 +85,28 @@ def bench_tenancy(small: bool, out: str, topology: str | None, processes: bool) 
         echo=click.echo, processes=processes)
 
 
+@bench.command("soak")
+@click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
+@click.option("--clients", type=click.IntRange(min=1), default=None, help="Concurrent clients.")
+@click.option("--programs", type=click.IntRange(min=1), default=None, help="Random programs per client.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", default="bench-results", show_default=True, help="Folder for JSON.")
+@click.option("--processes/--threads", default=True, show_default=True,
+              help="One worker process per host, or all hosts in this process.")
+def bench_soak(small: bool, clients: int | None, programs: int | None, seed: int, out: str,
+               processes: bool) -> None:
+    """Many clients, random programs under proportional share; every result checked."""
+    from .bench.soak import Config, run
+
+    cfg = Config.small() if small else Config()
+    cfg.clients = clients or cfg.clients
+    cfg.programs = programs or cfg.programs
+    cfg.seed = seed
+    try:
+        run(cfg, out=out, echo=click.echo, processes=processes)
+    except AssertionError as e:
+        raise click.ClickException(str(e)) from e
+
+
 if __name__ == "__main__":
     main()

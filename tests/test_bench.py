@@ -29,3 +29,22 @@ def test_bench_dispatch_small(tmp_path):
         assert data["ratios"][key] is not None
     assert result["idle_gap_median_s"] is not None and result["idle_gap_median_s"] >= 0
     assert "skipped" in data["ray"] or "0ms" in data["ray"]
+
+
+@pytest.mark.slow
+def test_bench_tenancy_small(tmp_path):
+    from pathdask.bench import tenancy
+
+    cfg = tenancy.Config.small()
+    result = tenancy.run(cfg, out=str(tmp_path), echo=lambda s: None, processes=False)
+    data = json.loads((tmp_path / "tenancy.json").read_text())
+    assert (tmp_path / "tenancy.html").stat().st_size > 10_000
+    assert len(data["figure9"]) == len(cfg.weights)
+    for run, weights in zip(data["figure9"], cfg.weights):
+        assert run["weights"] == list(weights)
+        assert sum(run["share"]) == pytest.approx(1.0)
+        assert all(s > 0 for s in run["share"])  # every client got device time
+    for cost, by_clients in data["figure8"].items():
+        assert set(by_clients) == {str(n) for n in cfg.clients}
+        assert all(v > 0 for v in by_clients.values())
+    assert result["ratios"]["aggregate_over_single_client"]

@@ -242,23 +242,26 @@ class Client:
             # watch the dispatch futures meanwhile, which carry a failed dispatch.
             fetch = asyncio.ensure_future(asyncio.gather(*(
                 fetch_from(addr, [b for _, b in items]) for addr, items in want.items())))
-            dispatched = asyncio.ensure_future(self.dask._gather(futures))
-            dispatched.add_done_callback(lambda t: t.cancelled() or t.exception())
+            # the futures' own state (no gather: nothing is fetched, and it cancels cleanly)
+            dispatched = asyncio.ensure_future(asyncio.gather(
+                *(s.wait() for f in futures if (s := f._state) is not None)))
             try:
                 done, _ = await asyncio.wait({fetch, dispatched}, timeout=seconds,
                                              return_when=asyncio.FIRST_COMPLETED)
                 if not done:
                     raise TimeoutError(f"The shards were not ready within {seconds:g}s")
                 if fetch not in done:
-                    if not dispatched.cancelled() and dispatched.exception() is not None:
-                        raise dispatched.exception()  # type: ignore[misc]  # a dispatch task failed
+                    for f in futures:
+                        if f.status == "error":
+                            await f  # re-raises the error of a dispatch task that failed
                     done, _ = await asyncio.wait({fetch}, timeout=seconds)
                     if not done:
                         raise TimeoutError(f"The shards were not ready within {seconds:g}s")
                 return list(fetch.result())
             finally:
-                if not fetch.done():
-                    fetch.cancel()
+                for t in (fetch, dispatched):
+                    if not t.done():
+                        t.cancel()
 
         replies = self.dask.sync(gather)
         blocks = {p: value for items, reply in zip(want.values(), replies) for (p, _), value in zip(items, reply)}

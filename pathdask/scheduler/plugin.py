@@ -145,7 +145,7 @@ class PathwaysScheduler(SchedulerPlugin):
             for addr, pids in per_host.items():
                 comm = scheduler.stream_comms.get(addr)
                 if comm is not None and addr != worker:
-                    comm.send({"op": "pathdask-drop-programs", "pids": pids, "reason": reason})
+                    comm.send({"op": "pathdask-drop-programs", "pids": pids, "reason": reason, "host": worker})
         else:
             logger.info("pathdask: host %s left; its devices are gone", worker)
         self._send_orders(self.order.host_lost(worker))
@@ -239,12 +239,12 @@ class PathwaysScheduler(SchedulerPlugin):
 
     # -- observation -------------------------------------------------------------
     async def stats(self) -> dict[str, Any]:
-        replies = await self.scheduler.broadcast(msg={"op": "pathdask_stats"}, on_error="ignore")
+        replies = await self.scheduler.broadcast(msg={"op": "pathdask_stats"}, workers=list(self.resources.hosts), on_error="ignore")
         return _merge(replies)
 
     async def timeline(self, since: float = 0.0) -> dict[int, list[Any]]:
         """Per device, (start, end, program, gang) of recent gangs, from every host."""
-        replies = await self.scheduler.broadcast(msg={"op": "pathdask_timeline", "since": since}, on_error="ignore")
+        replies = await self.scheduler.broadcast(msg={"op": "pathdask_timeline", "since": since}, workers=list(self.resources.hosts), on_error="ignore")
         out: dict[int, list[Any]] = {}
         for reply in replies.values():
             if isinstance(reply, dict):
@@ -252,12 +252,14 @@ class PathwaysScheduler(SchedulerPlugin):
         return dict(sorted(out.items()))
 
     async def reset_observations(self) -> None:
-        await self.scheduler.broadcast(msg={"op": "pathdask_reset_observations"}, on_error="ignore")
+        await self.scheduler.broadcast(msg={"op": "pathdask_reset_observations"}, workers=list(self.resources.hosts), on_error="ignore")
 
     async def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
         """Wait until every host holds no buffers; raises ``TimeoutError`` otherwise."""
         replies = await asyncio.wait_for(
-            self.scheduler.broadcast(msg={"op": "pathdask_wait_idle"}, on_error="ignore"), parse_timedelta(timeout)
+            self.scheduler.broadcast(msg={"op": "pathdask_wait_idle"}, workers=list(self.resources.hosts),
+                                     on_error="ignore"),
+            parse_timedelta(timeout),
         )
         return _merge(replies)
 

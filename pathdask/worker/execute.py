@@ -82,10 +82,12 @@ def run_op(rt: HostRuntime, prog: HostProgram, device: DeviceInfo, op: Op, clock
     dev = device.id
     allocated = 0
     try:
-        inputs = _read_inputs(rt, prog, op, dev)  # first, so that reads are counted on every path
-        cause = prog.check(op.gang)
-        if cause is not None:
-            raise Aborted(cause)
+        try:
+            inputs = _read_inputs(rt, prog, op, dev)  # first, so that reads are counted on every path
+        finally:
+            cause = prog.check(op.gang)
+            if cause is not None:  # a dropped program's inputs may be gone: the drop is the cause
+                raise Aborted(cause)
         need = sum(o.nbytes for o in outs)
         rt.store.allocate(dev, need, lambda: prog.check(op.gang))
         allocated = need

@@ -110,6 +110,7 @@ class HostRuntime(WorkerPlugin):
         self.links = LinkModel(self.topology)
         self.transport: SocketTransport | None = None
         self.peer_transports: dict[str, str] = {}
+        self.lost_hosts: set[str] = set()
         if transport == "socket":
             self.transport = SocketTransport(get_address_host(worker.address), self._on_message)
         self.programs: dict[str, HostProgram] = {}
@@ -359,7 +360,7 @@ class HostRuntime(WorkerPlugin):
         if found is None:
             assert self.worker is not None
             fut = asyncio.run_coroutine_threadsafe(self.worker.rpc(addr).pathdask_transport(), self.loop)
-            found = self.peer_transports[addr] = fut.result(timeout=30)
+            found = self.peer_transports[addr] = fut.result(timeout=10)
         return found
 
     def _on_message(self, message: tuple[Any, ...]) -> None:
@@ -404,7 +405,7 @@ class HostRuntime(WorkerPlugin):
     def abort_gang(self, prog: HostProgram, gang: GangSpec, cause: BaseException) -> None:
         """A member of ``gang`` failed: wake every member, here and on other hosts."""
         self.mailbox.abort_gang(prog.pid, gang.index, cause)
-        for addr in {m.address for m in gang.members} - {self.address}:
+        for addr in {m.address for m in gang.members} - {self.address} - self.lost_hosts:
             try:
                 self.send_peer(addr, "abort", prog.pid, gang.index, _picklable(cause))
             except Exception:  # the peer is gone: it has nothing to wake
@@ -423,8 +424,10 @@ class HostRuntime(WorkerPlugin):
         for s in self.streams.values():
             s.wake()
 
-    def on_drop_programs(self, pids: list[str], reason: str) -> None:
+    def on_drop_programs(self, pids: list[str], reason: str, host: str | None = None) -> None:
         """Programs that used a lost host fail here too, so that nothing waits for it."""
+        if host is not None:
+            self.lost_hosts.add(host)
         for pid in pids:
             self.drop_program(pid, DeviceLostError(reason))
 
