@@ -52,7 +52,7 @@ def _op(rng: random.Random, mesh: Any, other: Any, n_rows: int) -> tuple[Any, Ca
         return (lambda x: f(x, mesh=mesh)), (lambda v: v * a + c)
     if kind == "psum":
         summed = function(lambda b: psum(b, axis), in_specs=P(axis), out_specs=P(), name="psum")
-        tile = function(lambda b: b, in_specs=P(), out_specs=P(), name="keep")
+        tile = function(lambda b: np.tile(b, (n, 1)), in_specs=P(), out_specs=P(), name="tile")
 
         def psum_then_tile(x: Any) -> Any:
             return tile(summed(x, mesh=mesh), mesh=mesh)
