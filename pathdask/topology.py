@@ -8,6 +8,7 @@ Sizes and times are parsed with :func:`dask.utils.parse_bytes` and
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, NewType
 
@@ -23,53 +24,49 @@ LinkClass = Literal["local", "same_host", "ici", "dcn"]
 LINK_CLASSES: tuple[str, ...] = ("same_host", "ici", "dcn")
 
 
+def _parse(value: Any, field_name: str, parse: Callable[[Any], float | None], expected: str,
+           positive: bool = True) -> float:
+    """Parse one field; errors name the field, what was expected and what came."""
+    try:
+        out = parse(value)
+    except (ValueError, TypeError, KeyError) as e:
+        raise TopologyError(f"Topology field {field_name!r}: expected {expected}, got {value!r}") from e
+    if out is None or out < 0 or (positive and out == 0):
+        raise TopologyError(
+            f"Topology field {field_name!r}: must be {'positive' if positive else '>= 0'}, got {value!r}"
+        )
+    return out
+
+
+def _size(value: Any) -> int:
+    return parse_bytes(value) if isinstance(value, str) else int(value)
+
+
+def _rate(value: Any) -> float:
+    """``'100 GB/s'`` or ``'100 TFLOP/s'`` (SI prefixes, as parse_bytes reads them) or a number."""
+    if not isinstance(value, str):
+        return float(value)
+    text = value.strip().lower().replace(" ", "")
+    for suffix in ("flop/s", "flops", "flop", "/s"):
+        if text.endswith(suffix):
+            text = text[: -len(suffix)]
+            break
+    if text and text[-1] not in "0123456789.b":
+        text += "b"  # "100T" -> "100tb" for parse_bytes' SI prefixes
+    return float(parse_bytes(text))
+
+
 def _parse_size(value: Any, field_name: str) -> int:
-    try:
-        out = parse_bytes(value) if isinstance(value, str) else int(value)
-    except (ValueError, TypeError) as e:
-        raise TopologyError(
-            f"Topology field {field_name!r}: expected a size such as '16 GiB' or a "
-            f"number of bytes, got {value!r}"
-        ) from e
-    if out <= 0:
-        raise TopologyError(f"Topology field {field_name!r}: must be positive, got {value!r}")
-    return out
+    return int(_parse(value, field_name, _size, "a size such as '16 GiB' or a number of bytes"))
 
 
-def _parse_rate(value: Any, field_name: str, unit: str) -> float:
-    """Parse ``'100 GB/s'`` (unit ``/s``) or ``'100 TFLOP/s'`` (unit ``flop/s``)."""
-    try:
-        if isinstance(value, str):
-            text = value.strip().lower().replace(" ", "")
-            for suffix in ("flop/s", "flops", "flop", "/s"):
-                if text.endswith(suffix):
-                    text = text[: -len(suffix)]
-                    break
-            if text and text[-1] not in "0123456789.b":
-                text += "b"  # "100T" -> "100tb" for parse_bytes' SI prefixes
-            out = float(parse_bytes(text))
-        else:
-            out = float(value)
-    except (ValueError, TypeError) as e:
-        raise TopologyError(
-            f"Topology field {field_name!r}: expected a rate such as '100 GB/s' or "
-            f"'{'100 TFLOP/s' if 'flop' in unit else '25 GB/s'}', got {value!r}"
-        ) from e
-    if out <= 0:
-        raise TopologyError(f"Topology field {field_name!r}: must be positive, got {value!r}")
-    return out
+def _parse_rate(value: Any, field_name: str, example: str) -> float:
+    return _parse(value, field_name, _rate, f"a rate such as {example!r}")
 
 
 def _parse_time(value: Any, field_name: str) -> float:
-    try:
-        out = parse_timedelta(value, default="s")
-    except (ValueError, TypeError, KeyError) as e:
-        raise TopologyError(
-            f"Topology field {field_name!r}: expected a duration such as '5us', got {value!r}"
-        ) from e
-    if out is None or out < 0:
-        raise TopologyError(f"Topology field {field_name!r}: must be >= 0, got {value!r}")
-    return float(out)
+    return _parse(value, field_name, lambda v: parse_timedelta(v, default="s"),
+                  "a duration such as '5us'", positive=False)
 
 
 def _parse_count(value: Any, field_name: str) -> int:
@@ -105,7 +102,7 @@ class Link:
                 f"'latency', e.g. {{'bandwidth': '100 GB/s', 'latency': '5us'}}, got {value!r}"
             )
         return cls(
-            bandwidth=_parse_rate(value["bandwidth"], f"{field_name}.bandwidth", "/s"),
+            bandwidth=_parse_rate(value["bandwidth"], f"{field_name}.bandwidth", "25 GB/s"),
             latency=_parse_time(value["latency"], f"{field_name}.latency"),
         )
 
@@ -167,7 +164,7 @@ class Topology:
             object.__setattr__(self, name, _parse_count(getattr(self, name), name))
         object.__setattr__(self, "hbm", _parse_size(self.hbm, "hbm"))
         object.__setattr__(
-            self, "device_flops", _parse_rate(self.device_flops, "device_flops", "flop/s")
+            self, "device_flops", _parse_rate(self.device_flops, "device_flops", "100 TFLOP/s")
         )
         for name in LINK_CLASSES:
             object.__setattr__(self, name, Link.parse(getattr(self, name), name))
