@@ -10,15 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, NewType, Union
+from typing import Any, Union
 
 import numpy as np
 
 from .topology import DeviceInfo
 
-__all__ = ["ProgramId", "BufferKey", "Ref", "OutSpec", "KernelOp", "ReshardOp", "PutOp", "GangSpec", "HostPlan"]
-
-ProgramId = NewType("ProgramId", str)
+__all__ = ["BufferKey", "Ref", "OutSpec", "KernelOp", "ReshardOp", "PutOp", "GangSpec", "HostPlan"]
 
 #: Dask key prefixes of a program's tasks: one dispatch task per host, one output task
 #: per (output, host) whose key owns that output's buffers on that host.

@@ -245,6 +245,8 @@ class Client:
             # the futures' own state (no gather: nothing is fetched, and it cancels cleanly)
             dispatched = asyncio.ensure_future(asyncio.gather(
                 *(s.wait() for f in futures if (s := f._state) is not None)))
+            for t in (fetch, dispatched):  # whichever we stop waiting for, its outcome is read
+                t.add_done_callback(_retrieve)
             try:
                 done, _ = await asyncio.wait({fetch, dispatched}, timeout=seconds,
                                              return_when=asyncio.FIRST_COMPLETED)
@@ -287,6 +289,11 @@ class Client:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def connect(address: str, *, name: str = "client", weight: float = 1.0, timeout: Any = "30s") -> Client:
