@@ -72,9 +72,6 @@ def chain(n):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "known flaky: after the nanny restarts the killed worker, Dask recomputes the lost pathdask "
-    "keys and the clean-up check sometimes times out; the DeviceLostError itself is reliable"))
 def test_killed_worker_fails_only_the_programs_on_its_devices():
     import os
     import signal

@@ -162,7 +162,11 @@ class BufferStore:
             self._maybe_free(buf)
 
     def drop_program(self, program: str, error: BaseException) -> None:
-        """Free every buffer a dropped program produced, failing its waiters."""
+        """Fail a dropped program's uncomputed buffers with ``error``, and free what nothing holds.
+
+        Buffers an output key still owns stay (as errors, if they were never
+        computed), so that their readers learn why, until the key is released.
+        """
         with self.cond:
             for skey in [k for k in self._declared_waiters if k[0] == program]:
                 for fut in self._declared_waiters.pop(skey):
@@ -171,7 +175,7 @@ class BufferStore:
                 if buf.state == "pending":
                     buf.error, buf.state = error, "error"
                     self._wake(buf)
-                self._free(buf)
+                self._maybe_free(buf)
 
     # -- waiting from the event loop ---------------------------------------
     async def wait_value(self, key: BufferKey, device: int) -> np.ndarray:
