@@ -144,3 +144,20 @@ def test_killed_client_is_garbage_collected(tmp_path):
                 proc.kill()
                 proc.wait(timeout=10)
         assert_clean(system)
+
+
+def test_placement_hints(system, client):
+    packed = client.mesh({"x": 2}, island=0, placement="pack")
+    assert len({d.address for d in packed.devices}) == 1  # one host: same-host links
+    spread = client.mesh({"x": 2}, island=1, placement="spread")
+    assert len({d.address for d in spread.devices}) == 2
+    exact = client.mesh({"x": 2}, devices=[3, 2])
+    assert exact.device_ids == (3, 2)
+    avoid = client.mesh({"x": 2}, island=0, exclude=[0, 1])
+    assert set(avoid.device_ids) == {2, 3}
+    with pytest.raises(pw.SliceTooLargeError, match="span islands"):
+        client.mesh({"x": 2}, devices=[0, 4])
+    with pytest.raises(pw.SliceTooLargeError, match="not live"):
+        client.mesh({"x": 2}, devices=[0, 99])
+    with pytest.raises(ValueError, match="'pack' or 'spread'"):
+        client.mesh({"x": 2}, placement="random")

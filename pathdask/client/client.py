@@ -71,21 +71,30 @@ class Client:
         return f"<pathdask.Client {self.name!r} weight={self.weight:g} scheduler={self.dask.scheduler.address}>"
 
     # -- resources -------------------------------------------------------------
-    def mesh(self, shape: Mapping[str, int], island: int | None = None) -> Mesh:
+    def mesh(self, shape: Mapping[str, int], island: int | None = None, *,
+             devices: list[int] | None = None, exclude: list[int] | None = None,
+             placement: str = "pack") -> Mesh:
         """A virtual slice of devices inside one island, as a :class:`Mesh`.
+
+        The resource manager picks the least-loaded devices. Placement hints:
+        ``devices`` (exact device ids, in mesh order), ``exclude`` (device ids to
+        avoid), ``placement`` (``"pack"`` fills hosts so that collectives use
+        same-host links; ``"spread"`` takes one device per host first).
 
         Examples
         --------
         >>> mesh = client.mesh({"data": 2, "model": 2})
+        >>> wide = client.mesh({"x": 2}, placement="spread")   # two hosts, one device each
         """
         check_shape(shape)
+        hints = {"devices": devices, "exclude": exclude, "placement": placement}
         reply = self.dask.sync(
-            self.dask.scheduler.pathdask_mesh, client=self.id, shape=dict(shape), island=island
+            self.dask.scheduler.pathdask_mesh, client=self.id, shape=dict(shape), island=island, hints=hints
         )
         if "error" in reply:
-            raise SliceTooLargeError(reply["error"])
-        devices = [DeviceInfo(DeviceId(i), isl, h, ix, addr) for i, isl, h, ix, addr in reply["devices"]]
-        return Mesh.create(dict(shape), devices, reply["slice"])
+            raise (ValueError if reply.get("type") == "ValueError" else SliceTooLargeError)(reply["error"])
+        infos = [DeviceInfo(DeviceId(i), isl, h, ix, addr) for i, isl, h, ix, addr in reply["devices"]]
+        return Mesh.create(dict(shape), infos, reply["slice"])
 
     def devices(self) -> list[dict[str, Any]]:
         """Every device with its island, host, slices and state."""

@@ -176,11 +176,12 @@ class PathwaysScheduler(SchedulerPlugin):
         }
 
     # -- meshes ----------------------------------------------------------------
-    def mesh(self, client: str, shape: dict[str, int], island: int | None = None) -> dict[str, Any]:
+    def mesh(self, client: str, shape: dict[str, int], island: int | None = None,
+             hints: dict[str, Any] | None = None) -> dict[str, Any]:
         try:
-            sl, devices = self.resources.allocate(client, shape, island)
-        except SliceTooLargeError as e:  # the user's mistake: answer it, don't log a traceback
-            return {"error": str(e)}
+            sl, devices = self.resources.allocate(client, shape, island, **(hints or {}))
+        except (SliceTooLargeError, ValueError) as e:  # the user's mistake: answer it, no traceback
+            return {"error": str(e), "type": type(e).__name__}
         return {"slice": sl.id, "devices": [(d.id, d.island, d.host, d.index, d.address) for d in devices]}
 
     def release_slice(self, slice_id: str) -> None:

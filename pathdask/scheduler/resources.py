@@ -73,10 +73,21 @@ class ResourceManager:
         return rec
 
     # -- slices --------------------------------------------------------------
-    def allocate(self, client: str, shape: dict[str, int], island: int | None = None) -> tuple[Slice, list[DeviceInfo]]:
-        """A slice of ``prod(shape)`` devices in one island, spreading load across devices."""
+    def allocate(self, client: str, shape: dict[str, int], island: int | None = None, *,
+                 devices: list[int] | None = None, exclude: list[int] | None = None,
+                 placement: str = "pack") -> tuple[Slice, list[DeviceInfo]]:
+        """A slice of ``prod(shape)`` devices in one island, spreading load across devices.
+
+        Hints: ``devices`` names the exact devices; ``exclude`` keeps devices out;
+        ``placement`` is ``"pack"`` (fill hosts: collectives stay on same-host links)
+        or ``"spread"`` (one device per host first). The least-loaded devices win.
+        """
         n = math.prod(shape.values())
         topo = self.topology
+        if placement not in ("pack", "spread"):
+            raise ValueError(f"placement must be 'pack' or 'spread', got {placement!r}")
+        if devices is not None:
+            return self._take(client, shape, n, devices)
         if n > topo.devices_per_island:
             raise SliceTooLargeError(
                 f"Mesh {shape} needs {n} devices but an island has only "
@@ -89,12 +100,16 @@ class ResourceManager:
                 f"Island {island} does not exist; the topology has islands 0..{topo.islands - 1}"
             )
         candidates = [island] if island is not None else list(range(topo.islands))
+        skip = set(exclude or ())
         best: tuple[tuple[int, int], list[DeviceInfo]] | None = None
         for isl in candidates:
-            devs = [d for d in self.devices.values() if d.island == isl]
+            devs = [d for d in self.devices.values() if d.island == isl and d.id not in skip]
             if len(devs) < n:
                 continue
-            chosen = sorted(devs, key=lambda d: (self.load[d.id], d.id))[:n]
+            if placement == "pack":
+                chosen = sorted(devs, key=lambda d: (self.load[d.id], d.id))[:n]
+            else:
+                chosen = sorted(devs, key=lambda d: (self.load[d.id], d.index, d.host))[:n]
             score = (sum(self.load[d.id] for d in chosen), isl)
             if best is None or score < best[0]:
                 best = (score, chosen)
@@ -106,7 +121,22 @@ class ResourceManager:
                 f"(live devices per island: {have}). Wait for workers to join or ask for a "
                 "smaller mesh"
             )
-        devices = sorted(best[1], key=lambda d: d.id)
+        return self._record(client, shape, sorted(best[1], key=lambda d: d.id))
+
+    def _take(self, client: str, shape: dict[str, int], n: int, ids: list[int]) -> tuple[Slice, list[DeviceInfo]]:
+        missing = sorted(set(ids) - set(self.devices))
+        if len(ids) != n or len(set(ids)) != n or missing:
+            raise SliceTooLargeError(
+                f"Mesh {shape} needs {n} distinct live devices; got devices={ids}"
+                + (f", of which {missing} are not live" if missing else "")
+            )
+        chosen = [self.devices[i] for i in ids]
+        if len({d.island for d in chosen}) > 1:
+            raise SliceTooLargeError(f"devices={ids} span islands {sorted({d.island for d in chosen})}; "
+                                     "a mesh lives inside one island")
+        return self._record(client, shape, chosen)  # in the order given: it is the mesh's layout
+
+    def _record(self, client: str, shape: dict[str, int], devices: list[DeviceInfo]) -> tuple[Slice, list[DeviceInfo]]:
         sl = Slice(uuid.uuid4().hex[:12], client, dict(shape), [d.id for d in devices])
         self.slices[sl.id] = sl
         for d in devices:
