@@ -103,7 +103,3 @@ class HostPlan:
     #: hosts cache plans by id, so that later calls of the same program send only the id;
     #: empty for plans that are used once (puts)
     id: str = ""
-
-    @property
-    def devices(self) -> tuple[int, ...]:
-        return tuple(self.ops)
