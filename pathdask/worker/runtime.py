@@ -20,17 +20,15 @@ import dask
 import numpy as np
 from dask.utils import parse_timedelta
 from distributed import WorkerPlugin
-from distributed.batched import BatchedSend
-from distributed.comm import connect, get_address_host
 from distributed.protocol import to_serialize
 
 from ..errors import DeviceLostError, GangAbortedError
 from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, Ref, ReshardOp
 from ..topology import DeviceInfo, Topology
 from .device import DeviceStream
+from .peers import Peers
 from .store import BufferStore
 from .transfer import LinkModel, Mailbox, wait_until
-from .transport import SocketTransport
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -87,9 +85,8 @@ class HostRuntime(WorkerPlugin):
         self.worker = worker
         self.address = worker.address
         self.loop = asyncio.get_running_loop()
-        transport = dask.config.get("pathdask.transport")
-        if transport not in ("socket", "dask"):
-            raise ValueError(f"pathdask.transport must be 'socket' or 'dask', got {transport!r}")
+        # before registering: a bad transport setting must not take a host
+        self.peers = Peers(worker, self.loop, dask.config.get("pathdask.transport"), self._on_message)
         requested = dask.config.get("pathdask.worker.host", None)
         if requested is None and isinstance(worker.name, int):
             requested = worker.name
@@ -108,33 +105,26 @@ class HostRuntime(WorkerPlugin):
                                  parse_timedelta(dask.config.get("pathdask.allocation-timeout")))
         self.mailbox = Mailbox(parse_timedelta(dask.config.get("pathdask.collective-timeout")))
         self.links = LinkModel(self.topology)
-        self.transport: SocketTransport | None = None
-        self.peer_transports: dict[str, str] = {}
-        self.lost_hosts: set[str] = set()
-        if transport == "socket":
-            self.transport = SocketTransport(get_address_host(worker.address), self._on_message)
         self.programs: dict[str, HostProgram] = {}
         self.dropped: dict[str, BaseException] = {}
         self.order_clients: dict[str, str] = {}
         #: (program, output index) -> (value id, device) pairs its Dask key owns here
         self.owned: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
         self.lock = threading.Lock()
-        self.peers: dict[str, BatchedSend] = {}
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._op_waiters: dict[tuple[str, int, int], threading.Event] = {}
         self.plans: OrderedDict[str, HostPlan] = OrderedDict()  # plan id -> plan, LRU
         self._plan_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._program_waiters: dict[str, list[asyncio.Future[None]]] = {}
-        self.peer_backlog: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.streams = {d: DeviceStream(self, info) for d, info in self.devices.items()}
         worker.handlers.update(
-            pathdask_stream=self._handle_peer_stream,
+            pathdask_stream=self.peers.handle_stream,
             pathdask_fetch=self.fetch,
             pathdask_stats=self.stats,
             pathdask_wait_idle=self.wait_idle,
             pathdask_timeline=self.timeline,
             pathdask_reset_observations=self.reset_observations,
-            pathdask_transport=lambda: self.transport.address if self.transport else None,
+            pathdask_transport=lambda: self.peers.address,
         )
         worker.stream_handlers.update({
             "pathdask-order": self.on_order,
@@ -149,8 +139,10 @@ class HostRuntime(WorkerPlugin):
         logger.info("pathdask host i%d h%d up with devices %s", self.island, self.host, list(self.devices))
 
     async def teardown(self, worker: Worker) -> None:
-        if not hasattr(self, "streams"):
-            return  # setup failed before anything started
+        if not hasattr(self, "streams"):  # setup failed before the devices started
+            if hasattr(self, "peers"):
+                await self.peers.close()
+            return
         cause = GangAbortedError(f"host {worker.address} is shutting down")
         for pid in list(self.programs):
             self.drop_program(pid, cause)
@@ -158,10 +150,7 @@ class HostRuntime(WorkerPlugin):
             s.close()
         for s in self.streams.values():
             await asyncio.to_thread(s.thread.join, 5)
-        for bs in self.peers.values():
-            bs.abort()
-        if self.transport is not None:
-            await asyncio.to_thread(self.transport.close)
+        await self.peers.close()
 
     def on_release_outputs(self, outputs: list[tuple[str, int]]) -> None:
         """The scheduler forgot these output keys: no client holds them any more."""
@@ -329,7 +318,7 @@ class HostRuntime(WorkerPlugin):
             else:
                 remote[dst.address].append((key, me.id, value))
         for addr, pieces in remote.items():
-            self.send_peer(addr, "xfer", pieces)
+            self.peers.send(addr, "xfer", pieces)
         sent = time.perf_counter()
         got = self.mailbox.collect((pid, gang, seq, me.id), sources)
         stream = self.streams[me.id]
@@ -342,27 +331,6 @@ class HostRuntime(WorkerPlugin):
         wait_until(deadline, lambda: self.mailbox.check(pid, gang))
         return got
 
-    def send_peer(self, addr: str, kind: str, *args: Any) -> None:
-        """Send a message to another host (from any thread)."""
-        if self.transport is not None:
-            self.transport.send(self._peer_transport(addr), (kind, *args))
-            return
-        msg: dict[str, Any]
-        if kind == "xfer":
-            msg = {"op": "pathdask-xfer", "pieces": [(k, s, to_serialize(v)) for k, s, v in args[0]]}
-        else:
-            pid, gang, cause = args
-            msg = {"op": "pathdask-abort", "pid": pid, "gang": gang, "cause": to_serialize(cause)}
-        self.loop.call_soon_threadsafe(self._send, addr, msg)
-
-    def _peer_transport(self, addr: str) -> str:
-        found = self.peer_transports.get(addr)
-        if found is None:
-            assert self.worker is not None
-            fut = asyncio.run_coroutine_threadsafe(self.worker.rpc(addr).pathdask_transport(), self.loop)
-            found = self.peer_transports[addr] = fut.result(timeout=10)
-        return found
-
     def _on_message(self, message: tuple[Any, ...]) -> None:
         if message[0] == "xfer":
             self.on_xfer(message[1])
@@ -373,41 +341,13 @@ class HostRuntime(WorkerPlugin):
         for key, src, value in pieces:
             self.mailbox.deliver(tuple(key), src, value)  # type: ignore[arg-type]
 
-    def _send(self, addr: str, msg: dict[str, Any]) -> None:
-        bs = self.peers.get(addr)
-        if bs is not None:
-            bs.send(msg)
-            return
-        backlog = self.peer_backlog[addr]
-        backlog.append(msg)
-        if len(backlog) == 1:
-            asyncio.ensure_future(self._connect(addr))
-
-    async def _connect(self, addr: str) -> None:
-        try:
-            comm = await connect(addr, **self.worker.connection_args)  # type: ignore[union-attr]
-            await comm.write({"op": "pathdask_stream", "reply": False})
-        except Exception:
-            logger.exception("pathdask: cannot open a stream to peer host %s", addr)
-            self.peer_backlog.pop(addr, None)
-            return
-        bs = BatchedSend(interval="0ms")
-        bs.start(comm)
-        self.peers[addr] = bs
-        for msg in self.peer_backlog.pop(addr, []):
-            bs.send(msg)
-
-    async def _handle_peer_stream(self, comm: Any) -> None:
-        assert self.worker is not None
-        await self.worker.handle_stream(comm)
-
     # -- failures and cancellation ----------------------------------------------
     def abort_gang(self, prog: HostProgram, gang: GangSpec, cause: BaseException) -> None:
         """A member of ``gang`` failed: wake every member, here and on other hosts."""
         self.mailbox.abort_gang(prog.pid, gang.index, cause)
-        for addr in {m.address for m in gang.members} - {self.address} - self.lost_hosts:
+        for addr in {m.address for m in gang.members} - {self.address} - self.peers.lost:
             try:
-                self.send_peer(addr, "abort", prog.pid, gang.index, _picklable(cause))
+                self.peers.send(addr, "abort", prog.pid, gang.index, _picklable(cause))
             except Exception:  # the peer is gone: it has nothing to wake
                 logger.warning("pathdask: could not tell host %s that gang %s failed", addr, gang.name)
 
@@ -427,7 +367,7 @@ class HostRuntime(WorkerPlugin):
     def on_drop_programs(self, pids: list[str], reason: str, host: str | None = None) -> None:
         """Programs that used a lost host fail here too, so that nothing waits for it."""
         if host is not None:
-            self.lost_hosts.add(host)
+            self.peers.lost.add(host)
         for pid in pids:
             self.drop_program(pid, DeviceLostError(reason))
 

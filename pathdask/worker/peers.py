@@ -1,0 +1,107 @@
+"""Messages between host runtimes: piece deliveries and gang aborts.
+
+By default they go over :class:`~pathdask.worker.transport.SocketTransport`,
+written straight from the device threads. With ``pathdask.transport: dask`` they
+go as one-way messages over Dask comms: a ``BatchedSend`` per peer, opened
+through the peer's ``pathdask_stream`` handler and served by Dask's own
+``handle_stream``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from distributed.batched import BatchedSend
+from distributed.comm import connect, get_address_host
+from distributed.protocol import to_serialize
+
+from .transport import SocketTransport
+
+if TYPE_CHECKING:
+    from distributed import Worker
+
+logger = logging.getLogger("pathdask.worker")
+
+TRANSPORTS = ("socket", "dask")
+
+
+class Peers:
+    """Sends ``("xfer", pieces)`` and ``("abort", pid, gang, cause)`` to other hosts, from any thread.
+
+    ``handle`` receives the same tuples from the socket transport; the Dask path
+    delivers them through the worker's stream handlers ``pathdask-xfer`` and
+    ``pathdask-abort`` instead.
+    """
+
+    def __init__(self, worker: Worker, loop: asyncio.AbstractEventLoop, kind: str,
+                 handle: Callable[[tuple[Any, ...]], None]) -> None:
+        if kind not in TRANSPORTS:
+            raise ValueError(f"pathdask.transport must be 'socket' or 'dask', got {kind!r}")
+        self.worker, self.loop = worker, loop
+        self.transport = SocketTransport(get_address_host(worker.address), handle) if kind == "socket" else None
+        self.addresses: dict[str, str] = {}  # worker address -> its transport address
+        self.lost: set[str] = set()  # hosts known to have left: nothing is sent to them
+        self.streams: dict[str, BatchedSend] = {}
+        self.backlog: dict[str, list[dict[str, Any]]] = defaultdict(list)
+
+    @property
+    def address(self) -> str | None:
+        """Where this host's socket transport listens (``None`` on Dask comms)."""
+        return self.transport.address if self.transport else None
+
+    def send(self, addr: str, kind: str, *args: Any) -> None:
+        if self.transport is not None:
+            self.transport.send(self._transport_address(addr), (kind, *args))
+            return
+        msg: dict[str, Any]
+        if kind == "xfer":
+            msg = {"op": "pathdask-xfer", "pieces": [(k, s, to_serialize(v)) for k, s, v in args[0]]}
+        else:
+            pid, gang, cause = args
+            msg = {"op": "pathdask-abort", "pid": pid, "gang": gang, "cause": to_serialize(cause)}
+        self.loop.call_soon_threadsafe(self._send, addr, msg)
+
+    def _transport_address(self, addr: str) -> str:
+        found = self.addresses.get(addr)
+        if found is None:
+            fut = asyncio.run_coroutine_threadsafe(self.worker.rpc(addr).pathdask_transport(), self.loop)
+            found = self.addresses[addr] = fut.result(timeout=10)
+        return found
+
+    def _send(self, addr: str, msg: dict[str, Any]) -> None:
+        bs = self.streams.get(addr)
+        if bs is not None:
+            bs.send(msg)
+            return
+        backlog = self.backlog[addr]
+        backlog.append(msg)
+        if len(backlog) == 1:
+            asyncio.ensure_future(self._connect(addr))
+
+    async def _connect(self, addr: str) -> None:
+        try:
+            comm = await connect(addr, **self.worker.connection_args)
+            await comm.write({"op": "pathdask_stream", "reply": False})
+        except Exception:
+            logger.exception("pathdask: cannot open a stream to peer host %s", addr)
+            self.backlog.pop(addr, None)
+            return
+        bs = BatchedSend(interval="0ms")
+        bs.start(comm)
+        self.streams[addr] = bs
+        for msg in self.backlog.pop(addr, []):
+            bs.send(msg)
+
+    async def handle_stream(self, comm: Any) -> None:
+        """The ``pathdask_stream`` handler: a peer's one-way stream of messages."""
+        await self.worker.handle_stream(comm)
+
+    async def close(self) -> None:
+        for bs in self.streams.values():
+            bs.abort()
+        if self.transport is not None:
+            await asyncio.to_thread(self.transport.close)
