@@ -143,9 +143,8 @@ class PathwaysScheduler(SchedulerPlugin):
                 for addr in s.hosts:
                     per_host.setdefault(addr, []).append(s.pid)
             for addr, pids in per_host.items():
-                comm = scheduler.stream_comms.get(addr)
-                if comm is not None and addr != worker:
-                    comm.send({"op": "pathdask-drop-programs", "pids": pids, "reason": reason, "host": worker})
+                if addr != worker:
+                    self._drop(pids, [addr], reason, worker)
         else:
             logger.info("pathdask: host %s left; its devices are gone", worker)
         self._send_orders(self.order.host_lost(worker))
@@ -200,8 +199,20 @@ class PathwaysScheduler(SchedulerPlugin):
                 self.output_owners[_key(key)] = addr
             sub = Submission(info["pid"], client, info["hosts"], info.get("cost", 0.0),
                              frozenset(info.get("deps", ())))
+            gone = sorted(set(sub.hosts) - set(self.resources.hosts))
+            if gone:  # planned for a host that has left since: it fails at once, on every live host
+                self._drop([sub.pid], [a for a in sub.hosts if a not in gone],
+                           f"host(s) {gone} left the cluster before this program was slotted", gone[0])
+                continue
             weight = self.clients.get(client, {}).get("weight", 1.0)
             self._send_orders(self.order.submit(sub, weight))
+
+    def _drop(self, pids: list[str], hosts: list[str], reason: str, lost: str) -> None:
+        """Tell ``hosts`` to fail ``pids`` with DeviceLostError(``reason``); ``lost`` is the gone host."""
+        for addr in hosts:
+            comm = self.scheduler.stream_comms.get(addr)
+            if comm is not None:
+                comm.send({"op": "pathdask-drop-programs", "pids": pids, "reason": reason, "host": lost})
 
     def _send_orders(self, slotted: list[tuple[int, Submission]]) -> None:
         """Tell each host of each newly slotted program where it goes in its devices' order."""
