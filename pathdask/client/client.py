@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -256,6 +257,7 @@ class Client:
                 *(s.wait() for f in futures if (s := f._state) is not None)))
             for t in (fetch, dispatched):  # whichever we stop waiting for, its outcome is read
                 t.add_done_callback(_retrieve)
+            deadline = None if seconds is None else time.monotonic() + seconds
             try:
                 done, _ = await asyncio.wait({fetch, dispatched}, timeout=seconds,
                                              return_when=asyncio.FIRST_COMPLETED)
@@ -265,7 +267,8 @@ class Client:
                     for f in futures:
                         if f.status == "error":
                             await f  # re-raises the error of a dispatch task that failed
-                    done, _ = await asyncio.wait({fetch}, timeout=seconds)
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    done, _ = await asyncio.wait({fetch}, timeout=left)
                     if not done:
                         raise TimeoutError(f"The shards were not ready within {seconds:g}s")
                 return list(fetch.result())
