@@ -82,3 +82,15 @@ def test_a_closed_clients_programs_release_the_window():
     assert "b0" not in s.inflight  # the devices' window is full of a's programs
     slotted = s.drop_client("a")
     assert [x.pid for _, x in slotted] == ["b0"]
+
+
+def test_a_lost_host_drops_the_waiting_programs_that_use_it():
+    s = IslandScheduler("proportional")
+    for i in range(3):
+        s.submit(Submission(f"a{i}", "a", {"h": [0, 1]}, 1.0), 1.0)
+    s.submit(Submission("other", "b", {"g": [2]}, 1.0), 1.0)
+    assert set(s.inflight) == {"a0", "a1", "other"}  # a2 waits: window of 2 per device
+    dropped, slotted = s.host_lost("h")
+    assert [x.pid for x in dropped] == ["a2"]
+    assert slotted == [] and set(s.inflight) == {"other"}
+    assert len(s.policy) == 0

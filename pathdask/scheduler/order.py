@@ -54,8 +54,8 @@ class Policy(ABC):
         """The next program to slot among the eligible ones, or ``None``."""
 
     @abstractmethod
-    def drop_client(self, client: str) -> list[Submission]:
-        """Forget a client's waiting programs; returns them."""
+    def drop(self, which: Callable[[Submission], bool]) -> list[Submission]:
+        """Forget the waiting programs ``which`` selects; returns them."""
 
     @abstractmethod
     def __len__(self) -> int: ...
@@ -79,9 +79,9 @@ class FIFO(Policy):
                 return sub
         return None
 
-    def drop_client(self, client: str) -> list[Submission]:
-        gone = [s for s in self.queue if s.client == client]
-        self.queue = deque(s for s in self.queue if s.client != client)
+    def drop(self, which: Callable[[Submission], bool]) -> list[Submission]:
+        gone = [s for s in self.queue if which(s)]
+        self.queue = deque(s for s in self.queue if not which(s))
         return gone
 
     def __len__(self) -> int:
@@ -126,8 +126,12 @@ class ProportionalShare(Policy):
         self.vtime[client] = vt + sub.cost / self.weights[client]
         return sub
 
-    def drop_client(self, client: str) -> list[Submission]:
-        return list(self.queues.pop(client, ()))
+    def drop(self, which: Callable[[Submission], bool]) -> list[Submission]:
+        gone = []
+        for client, q in self.queues.items():
+            gone += [s for s in q if which(s)]
+            self.queues[client] = deque(s for s in q if not which(s))
+        return gone
 
     def __len__(self) -> int:
         return sum(len(q) for q in self.queues.values())
@@ -178,7 +182,7 @@ class IslandScheduler:
 
     def drop_client(self, client: str) -> list[tuple[int, Submission]]:
         """A client left: its waiting programs are forgotten, its slotted ones count as done."""
-        for sub in self.policy.drop_client(client):
+        for sub in self.policy.drop(lambda s: s.client == client):
             self.waiting.discard(sub.pid)
         out = []
         for pid in [p for p, s in self.inflight.items() if s.client == client]:
@@ -186,11 +190,16 @@ class IslandScheduler:
                 out += self.host_done(pid, host)
         return out + self._fill()
 
-    def host_lost(self, host: str) -> list[tuple[int, Submission]]:
+    def host_lost(self, host: str) -> tuple[list[Submission], list[tuple[int, Submission]]]:
+        """A host left: the waiting programs that use it are dropped (returned first); its
+        part of slotted programs counts as done (newly slotted programs come second)."""
+        dropped = self.policy.drop(lambda s: host in s.hosts)
+        for sub in dropped:
+            self.waiting.discard(sub.pid)
         out = []
         for pid in [p for p, hosts in self.pending_hosts.items() if host in hosts]:
             out += self.host_done(pid, host)
-        return out
+        return dropped, out + self._fill()
 
     def _eligible(self, sub: Submission) -> bool:
         if sub.deps & self.waiting:

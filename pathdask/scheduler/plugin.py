@@ -134,6 +134,8 @@ class PathwaysScheduler(SchedulerPlugin):
         if rec is None:
             return
         affected = [s for s in self.order.inflight.values() if worker in s.hosts]
+        waiting, slotted = self.order.host_lost(worker)
+        affected += waiting
         if affected and scheduler.status.name == "running":
             reason = (f"host {worker} (island {rec.island}, host {rec.host}, devices "
                       f"{[d.id for d in rec.devices]}) left the cluster while this program used it")
@@ -147,7 +149,7 @@ class PathwaysScheduler(SchedulerPlugin):
                     self._drop(pids, [addr], reason, worker)
         else:
             logger.info("pathdask: host %s left; its devices are gone", worker)
-        self._send_orders(self.order.host_lost(worker))
+        self._send_orders(slotted)
 
     # -- clients -------------------------------------------------------------
     def register_client(self, client: str, name: str, weight: float = 1.0) -> dict[str, Any]:
