@@ -59,6 +59,15 @@ def _programs(cost: float, gangs: int) -> Any:
     return prog
 
 
+def _warm_up(client: Any, devices: int, prog: Any) -> Any:
+    """The tenant's input on all devices of island 0, with ``prog`` traced and cached already,
+    so that the measurement starts with the first real call."""
+    mesh = client.mesh({"x": devices}, island=0)
+    x = client.put(np.zeros(mesh.size), mesh, P("x"))
+    prog(x).result()
+    return x
+
+
 def _shares(system: LocalSystem, cfg: Config, weights: tuple[float, ...], echo: Echo) -> dict[str, Any]:
     """Run one client per weight until ``share_seconds`` pass; device-time share per client."""
     clients = [system.client(name=f"w{w:g}-{i}", weight=w) for i, w in enumerate(weights)]
@@ -69,9 +78,7 @@ def _shares(system: LocalSystem, cfg: Config, weights: tuple[float, ...], echo: 
 
     def tenant(c: Any) -> None:
         try:
-            mesh = c.mesh({"x": system.topology.devices_per_island}, island=0)
-            x = c.put(np.zeros(mesh.size), mesh, P("x"))
-            prog(x).result()  # traced and cached before the clock starts
+            x = _warm_up(c, system.topology.devices_per_island, prog)
             ready.wait()
             inflight = [prog(x) for _ in range(cfg.inflight)]
             while not stop.is_set():
@@ -128,9 +135,7 @@ def _throughput(system: LocalSystem, n: int, cost: float, seconds: float, inflig
 
     def tenant(i: int) -> None:
         c = clients[i]
-        mesh = c.mesh({"x": system.topology.devices_per_island}, island=0)
-        x = c.put(np.zeros(mesh.size), mesh, P("x"))
-        prog(x).result()
+        x = _warm_up(c, system.topology.devices_per_island, prog)
         barrier.wait()
         pending = [prog(x) for _ in range(inflight - 1)]
         while not stop.is_set():
@@ -162,9 +167,7 @@ def _tenant_process(address: str, devices: int, cost: float, seconds: float, rea
 
     with connect(address, name="proc-tenant") as c:
         prog = _programs(cost, 1)
-        mesh = c.mesh({"x": devices}, island=0)
-        x = c.put(np.zeros(mesh.size), mesh, P("x"))
-        prog(x).result()
+        x = _warm_up(c, devices, prog)
         ready.put(True)
         go.wait()
         count, end = 0, time.perf_counter() + seconds

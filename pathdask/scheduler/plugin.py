@@ -163,9 +163,7 @@ class PathwaysScheduler(SchedulerPlugin):
         self.resources.release_client(client)
         self._send_orders(self.order.drop_client(client))
         for addr in self.resources.hosts:
-            comm = scheduler.stream_comms.get(addr)
-            if comm is not None:
-                comm.send({"op": "pathdask-drop-client", "client": client})
+            self._tell(addr, {"op": "pathdask-drop-client", "client": client})
 
     def info(self) -> dict[str, Any]:
         return {
@@ -212,9 +210,19 @@ class PathwaysScheduler(SchedulerPlugin):
     def _drop(self, pids: list[str], hosts: list[str], reason: str, lost: str) -> None:
         """Tell ``hosts`` to fail ``pids`` with DeviceLostError(``reason``); ``lost`` is the gone host."""
         for addr in hosts:
-            comm = self.scheduler.stream_comms.get(addr)
-            if comm is not None:
-                comm.send({"op": "pathdask-drop-programs", "pids": pids, "reason": reason, "host": lost})
+            self._tell(addr, {"op": "pathdask-drop-programs", "pids": pids, "reason": reason, "host": lost})
+
+    def _tell(self, addr: str, msg: dict[str, Any]) -> bool:
+        """Send ``msg`` on the scheduler's stream to host ``addr``; ``False`` if the host is gone."""
+        comm = self.scheduler.stream_comms.get(addr)
+        if comm is None:
+            return False
+        comm.send(msg)
+        return True
+
+    async def _broadcast(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Ask every live pathdask host; a host that dies meanwhile is left out of the replies."""
+        return dict(await self.scheduler.broadcast(msg=msg, workers=list(self.resources.hosts), on_error="ignore"))
 
     def _send_orders(self, slotted: list[tuple[int, Submission]]) -> None:
         """Tell each host of each newly slotted program where it goes in its devices' order."""
@@ -225,11 +233,8 @@ class PathwaysScheduler(SchedulerPlugin):
             for addr, devices in sub.hosts.items():
                 per_host.setdefault(addr, []).append((sub.pid, sub.client, devices))
         for addr, programs in per_host.items():
-            comm = self.scheduler.stream_comms.get(addr)
-            if comm is None:
+            if not self._tell(addr, {"op": "pathdask-order", "programs": programs}):
                 logger.error("pathdask: programs %s use host %s, which is gone", [p for p, *_ in programs], addr)
-                continue
-            comm.send({"op": "pathdask-order", "programs": programs})
 
     def program_done(self, worker: str, pid: str) -> None:
         """A host ran its part of a program (stream op from the workers)."""
@@ -246,19 +251,17 @@ class PathwaysScheduler(SchedulerPlugin):
         addr = self.output_owners.pop(key, None)
         if addr is None:
             return
-        comm = self.scheduler.stream_comms.get(addr)
-        if comm is not None:
-            pid = str(key[0])[len(OUT_PREFIX):]
-            comm.send({"op": "pathdask-release-outputs", "outputs": [(pid, int(key[1]))]})
+        pid = str(key[0])[len(OUT_PREFIX):]
+        self._tell(addr, {"op": "pathdask-release-outputs", "outputs": [(pid, int(key[1]))]})
 
     # -- observation -------------------------------------------------------------
     async def stats(self) -> dict[str, Any]:
-        replies = await self.scheduler.broadcast(msg={"op": "pathdask_stats"}, workers=list(self.resources.hosts), on_error="ignore")
+        replies = await self._broadcast({"op": "pathdask_stats"})
         return _merge(replies)
 
     async def timeline(self, since: float = 0.0) -> dict[int, list[Any]]:
         """Per device, (start, end, program, gang) of recent gangs, from every host."""
-        replies = await self.scheduler.broadcast(msg={"op": "pathdask_timeline", "since": since}, workers=list(self.resources.hosts), on_error="ignore")
+        replies = await self._broadcast({"op": "pathdask_timeline", "since": since})
         out: dict[int, list[Any]] = {}
         for reply in replies.values():
             if isinstance(reply, dict):
@@ -266,15 +269,11 @@ class PathwaysScheduler(SchedulerPlugin):
         return dict(sorted(out.items()))
 
     async def reset_observations(self) -> None:
-        await self.scheduler.broadcast(msg={"op": "pathdask_reset_observations"}, workers=list(self.resources.hosts), on_error="ignore")
+        await self._broadcast({"op": "pathdask_reset_observations"})
 
     async def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
         """Wait until every host holds no buffers; raises ``TimeoutError`` otherwise."""
-        replies = await asyncio.wait_for(
-            self.scheduler.broadcast(msg={"op": "pathdask_wait_idle"}, workers=list(self.resources.hosts),
-                                     on_error="ignore"),
-            parse_timedelta(timeout),
-        )
+        replies = await asyncio.wait_for(self._broadcast({"op": "pathdask_wait_idle"}), parse_timedelta(timeout))
         return _merge(replies)
 
 

@@ -26,6 +26,7 @@ from ..errors import DeviceLostError, GangAbortedError
 from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, Ref, ReshardOp
 from ..topology import DeviceInfo, Topology
 from .device import DeviceStream
+from .futures import resolve
 from .peers import Peers
 from .store import BufferStore
 from .transfer import LinkModel, Mailbox, wait_until
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("pathdask.worker")
 
 PLAN_CACHE = 4096  # plans a host keeps, least recently used first out
-
 
 
 @dataclass
@@ -184,7 +184,7 @@ class HostRuntime(WorkerPlugin):
             while len(self.plans) > PLAN_CACHE:
                 self.plans.popitem(last=False)
             for fut in self._plan_waiters.pop(plan.id, ()):
-                _resolve(fut)
+                resolve(fut)
             return plan
         found = self.plans.get(plan)
         if found is None:
@@ -291,7 +291,7 @@ class HostRuntime(WorkerPlugin):
             self.loop.call_soon_threadsafe(self._report_done, pid)
             self.mailbox.finish_program(pid)
             for fut in self._program_waiters.pop(pid, ()):
-                self.loop.call_soon_threadsafe(_resolve, fut)
+                self.loop.call_soon_threadsafe(resolve, fut)
         if self._idle_waiters and self._is_idle():
             self.loop.call_soon_threadsafe(self._wake_idle)
 
@@ -443,13 +443,7 @@ class HostRuntime(WorkerPlugin):
     def _wake_idle(self) -> None:
         waiters, self._idle_waiters = self._idle_waiters, []
         for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
+            resolve(fut)
 
 
 def _picklable(exc: BaseException) -> BaseException:

@@ -19,6 +19,7 @@ from dask.utils import format_bytes
 
 from ..errors import DeviceOutOfMemoryError
 from ..ops import BufferKey
+from .futures import fail, resolve
 
 StoreKey = tuple[str, int, int]  # (program id, value id, device id)
 
@@ -68,7 +69,7 @@ class BufferStore:
             if buf is None:
                 buf = self.buffers[skey] = Buffer(skey, key[0])
                 for fut in self._declared_waiters.pop(skey, ()):
-                    self.loop.call_soon_threadsafe(_resolve, fut)
+                    self.loop.call_soon_threadsafe(resolve, fut)
             buf.owners += int(owned)
             buf.refs += consumers
 
@@ -170,7 +171,7 @@ class BufferStore:
         with self.cond:
             for skey in [k for k in self._declared_waiters if k[0] == program]:
                 for fut in self._declared_waiters.pop(skey):
-                    self.loop.call_soon_threadsafe(_fail, fut, error)
+                    self.loop.call_soon_threadsafe(fail, fut, error)
             for buf in [b for b in self.buffers.values() if b.program == program]:
                 if buf.state == "pending":
                     buf.error, buf.state = error, "error"
@@ -226,7 +227,7 @@ class BufferStore:
     def _wake(self, buf: Buffer) -> None:
         waiters, buf.waiters = buf.waiters, []
         for fut in waiters:
-            self.loop.call_soon_threadsafe(_resolve, fut)
+            self.loop.call_soon_threadsafe(resolve, fut)
 
     def _maybe_free(self, buf: Buffer) -> None:
         if buf.state != "pending" and buf.refs <= 0 and buf.owners <= 0:
@@ -242,7 +243,7 @@ class BufferStore:
         if not self.buffers:
             waiters, self._empty_waiters = self._empty_waiters, []
             for fut in waiters:
-                self.loop.call_soon_threadsafe(_resolve, fut)
+                self.loop.call_soon_threadsafe(resolve, fut)
 
     def stats(self) -> dict[int, dict[str, int]]:
         with self.cond:
@@ -253,13 +254,3 @@ class BufferStore:
                 d: {"bytes_in_use": m.used, "capacity": m.capacity, "peak": m.peak, "buffers": count[d]}
                 for d, m in self.memory.items()
             }
-
-
-def _resolve(fut: asyncio.Future[Any]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def _fail(fut: asyncio.Future[Any], error: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(error)
