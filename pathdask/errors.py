@@ -10,8 +10,10 @@ from __future__ import annotations
 __all__ = [
     "DeviceLostError",
     "DeviceOutOfMemoryError",
+    "DispatchError",
     "GangAbortedError",
     "MeshError",
+    "PlanMissingError",
     "ShapeMismatchError",
     "ShardingError",
     "SliceTooLargeError",
@@ -49,3 +51,11 @@ class DeviceLostError(RuntimeError):
 
 class GangAbortedError(RuntimeError):
     """A gang was aborted: its client closed, or a peer in the gang failed."""
+
+
+class PlanMissingError(RuntimeError):
+    """A call named a program plan that its host does not hold (the worker restarted)."""
+
+
+class DispatchError(RuntimeError):
+    """A program's dispatch failed on one of its hosts, so it was dropped on all of them."""

@@ -22,6 +22,10 @@ __all__ = ["BufferKey", "Ref", "OutSpec", "KernelOp", "ReshardOp", "PutOp", "Gan
 #: per (output, host) whose key owns that output's buffers on that host.
 DISPATCH_PREFIX = "pathdask-dispatch-"
 OUT_PREFIX = "pathdask-out-"
+#: Plans a host keeps per client, least recently used first out (``worker/plans.py``).
+#: Clients remember half as many per host as sent, so that a call never names a
+#: plan its host evicted, even when Dask reorders calls a little.
+PLANS_PER_CLIENT = 2048
 #: A logical buffer: (producing program, value id). One per device it lives on.
 BufferKey = tuple[str, int]
 Index = tuple[slice, ...]

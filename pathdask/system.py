@@ -10,6 +10,7 @@ from distributed import Client as DaskClient
 from distributed import LocalCluster
 
 from .client.client import Client
+from .diagnosis import Diagnosis
 from .scheduler.plugin import PathwaysScheduler
 from .topology import Topology
 
@@ -117,6 +118,13 @@ class LocalSystem:
     def devices(self) -> list[dict[str, Any]]:
         """Every device with its island, host, slices and state."""
         return list(self._admin_call("pathdask_info")["devices"])
+
+    def diagnose(self) -> Diagnosis:
+        """Per device: what it runs or waits for, and its queue; per client: its programs.
+
+        ``print(system.diagnose())`` is the first thing to read when a notebook seems stuck.
+        """
+        return Diagnosis.from_reply(self._admin_call("pathdask_diagnose"))
 
     def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
         """Wait until no device holds a buffer; returns the stats, or raises ``TimeoutError``."""

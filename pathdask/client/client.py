@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,10 +13,12 @@ import dask
 import numpy as np
 from dask.utils import parse_timedelta
 from distributed import Client as DaskClient
+from distributed.protocol import to_serialize
 
+from ..diagnosis import Diagnosis
 from ..errors import DeviceLostError, ShardingError, SliceTooLargeError
 from ..mesh import Mesh, check_shape
-from ..ops import GangSpec, HostPlan, OutSpec, PutOp
+from ..ops import PLANS_PER_CLIENT, GangSpec, HostPlan, OutSpec, PutOp
 from ..sharding import Sharding
 from ..spec import PartitionSpec
 from ..topology import DeviceId, DeviceInfo, Topology
@@ -25,6 +27,9 @@ from .lowering import build_graph, build_sequential_graph, lower
 from .program import Program
 
 __all__ = ["Client", "connect"]
+
+#: plan ids a client remembers per host as sent; hosts keep twice as many (worker/plans.py)
+PLANS_REMEMBERED = PLANS_PER_CLIENT // 2
 
 
 class Client:
@@ -50,8 +55,10 @@ class Client:
             self._owns_dask = True
         self.name, self.weight = name, float(weight)
         self._inflight: dict[str, list[Any]] = {}
-        self._plans_sent: dict[str, set[str]] = {}  # host -> ids of the plans it has cached
+        #: guarded by ``_lock``: host -> ids of the plans it holds for us, least recently used first
+        self._plans_sent: dict[str, OrderedDict[str, None]] = {}
         self._lock = threading.Lock()
+        self._sending_plans = threading.Lock()  # one plan upload at a time; cached calls skip it
         self._closed = False
         info = self.dask.sync(
             self.dask.scheduler.pathdask_register_client, client=self.dask.id, name=name, weight=weight
@@ -189,17 +196,53 @@ class Client:
             arg_keys = tuple([f.key for f in a._futures.values()] for a in keepalive)
             graph, keys, out_keys = build_sequential_graph(pid, program, plans, inputs, self.id, arg_keys)
         else:
-            with self._lock:
-                payloads: dict[str, HostPlan | str] = {
-                    a: p.id for a, p in plans.items() if p.id and p.id in self._plans_sent.get(a, ())}
-                for a, p in plans.items():
-                    if p.id:  # puts carry their data: they have no id and are never cached
-                        self._plans_sent.setdefault(a, set()).add(p.id)
+            self._send_plans(plans)
+            payloads: dict[str, HostPlan | str] = {a: p.id for a, p in plans.items() if p.id}
             graph, keys, out_keys = build_graph(pid, plans, inputs, self.id, payloads)
         futures = self.dask.get(graph, keys, sync=False)
         by_key = dict(zip(keys, futures))
         self._hold(pid, futures, keepalive)
         return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
+
+    def _unsent(self, plans: dict[str, HostPlan]) -> dict[str, HostPlan]:
+        """The plans (by host) that their host does not hold yet; marks the others used."""
+        missing = {}
+        with self._lock:
+            for addr, plan in plans.items():
+                if not plan.id:  # puts carry their data: they have no id and are never cached
+                    continue
+                sent = self._plans_sent.get(addr)
+                if sent is not None and plan.id in sent:
+                    sent.move_to_end(plan.id)
+                else:
+                    missing[addr] = plan
+        return missing
+
+    def _send_plans(self, plans: dict[str, HostPlan]) -> None:
+        """Send each host the plans it lacks, and wait for them to arrive, before any call
+        names them; so a dispatch task always finds its plan, whatever order Dask runs tasks in."""
+        if not self._unsent(plans):
+            return
+        with self._sending_plans:
+            missing = self._unsent(plans)  # another thread may have sent them meanwhile
+            if not missing:
+                return
+
+            async def send() -> None:
+                await asyncio.gather(*(
+                    self.dask.rpc(addr).pathdask_plans(client=self.id, plans=to_serialize([plan]))
+                    for addr, plan in missing.items()))
+
+            try:
+                self.dask.sync(send)
+            except OSError as e:
+                raise DeviceLostError(f"A host of this program is gone ({type(e).__name__}: {e})") from e
+            with self._lock:
+                for addr, plan in missing.items():
+                    sent = self._plans_sent.setdefault(addr, OrderedDict())
+                    sent[plan.id] = None
+                    while len(sent) > PLANS_REMEMBERED:
+                        sent.popitem(last=False)
 
     def _hold(self, pid: str, futures: list[Any], keepalive: tuple[ShardedArray, ...]) -> None:
         """Keep a program's futures and inputs alive until every host has registered it.
@@ -231,7 +274,6 @@ class Client:
 
     def _fetch(self, array: ShardedArray, timeout: Any = None) -> np.ndarray:
         seconds = parse_timedelta(timeout) if timeout is not None else None
-        futures = list(array._futures.values())
         sharding = array.sharding
         want: dict[str, list[tuple[int, tuple[str, int, int]]]] = {}
         for positions in sharding.positions_by_block().values():
@@ -248,38 +290,45 @@ class Client:
                 ) from e
 
         async def gather() -> list[list[np.ndarray]]:
-            # Ask the hosts straight away (they answer once the shards are computed) and
-            # watch the dispatch futures meanwhile, which carry a failed dispatch.
-            fetch = asyncio.ensure_future(asyncio.gather(*(
-                fetch_from(addr, [b for _, b in items]) for addr, items in want.items())))
-            # the futures' own state (no gather: nothing is fetched, and it cancels cleanly)
-            dispatched = asyncio.ensure_future(asyncio.gather(
-                *(s.wait() for f in futures if (s := f._state) is not None)))
-            for t in (fetch, dispatched):  # whichever we stop waiting for, its outcome is read
-                t.add_done_callback(_retrieve)
-            deadline = None if seconds is None else time.monotonic() + seconds
+            # The hosts answer once the shards are computed, or with the error that ended
+            # the program: a failed kernel, a failed dispatch (dropped on every host by
+            # the scheduler), a lost host.
+            fetch = asyncio.gather(*(fetch_from(addr, [b for _, b in items]) for addr, items in want.items()))
             try:
-                done, _ = await asyncio.wait({fetch, dispatched}, timeout=seconds,
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if not done:
-                    raise TimeoutError(f"The shards were not ready within {seconds:g}s")
-                if fetch not in done:
-                    for f in futures:
-                        if f.status == "error":
-                            await f  # re-raises the error of a dispatch task that failed
-                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                    done, _ = await asyncio.wait({fetch}, timeout=left)
-                    if not done:
-                        raise TimeoutError(f"The shards were not ready within {seconds:g}s")
-                return list(fetch.result())
-            finally:
-                for t in (fetch, dispatched):
-                    if not t.done():
-                        t.cancel()
+                return list(await asyncio.wait_for(fetch, seconds))
+            except TimeoutError:
+                raise TimeoutError(
+                    f"The shards of program {array._pid} were not ready within {seconds:g}s. "
+                    f"{self._waiting_for(array._pid)}"
+                ) from None
 
         replies = self.dask.sync(gather)
         blocks = {p: value for items, reply in zip(want.values(), replies) for (p, _), value in zip(items, reply)}
         return sharding.assemble(blocks, array.dtype)
+
+    # -- diagnosis -----------------------------------------------------------------
+    def diagnose(self) -> Diagnosis:
+        """What every device is doing or waiting for, and every client's queue.
+
+        Examples
+        --------
+        >>> print(client.diagnose())    # doctest: +SKIP
+        devices:
+          device 0 (island 0 host 0): waiting for pieces from devices [2] in collective #0 of ...
+        """
+        return Diagnosis.from_reply(self.dask.sync(self.dask.scheduler.pathdask_diagnose))
+
+    def _waiting_for(self, pid: str) -> str:
+        """A sentence on what program ``pid`` waits for, for timeout messages."""
+        try:
+            waits = self.diagnose().waiting(pid)
+        except Exception as e:  # noqa: BLE001 - the timeout is the error; this only explains it
+            return f"(Its state could not be read: {type(e).__name__}: {e})"
+        if not waits:
+            return "No device is waiting inside it: it waits for its slot or for earlier programs."
+        from ..diagnosis import describe
+
+        return "Waiting: " + "; ".join(describe(s) for s in waits)
 
     # -- lifecycle -----------------------------------------------------------------
     def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
@@ -301,11 +350,6 @@ class Client:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 def connect(address: str, *, name: str = "client", weight: float = 1.0, timeout: Any = "30s") -> Client:

@@ -58,7 +58,11 @@ class Policy(ABC):
         """Forget the waiting programs ``which`` selects; returns them."""
 
     @abstractmethod
-    def __len__(self) -> int: ...
+    def waiting(self) -> list[Submission]:
+        """Every waiting program."""
+
+    def __len__(self) -> int:
+        return len(self.waiting())
 
 
 class FIFO(Policy):
@@ -84,8 +88,8 @@ class FIFO(Policy):
         self.queue = deque(s for s in self.queue if not which(s))
         return gone
 
-    def __len__(self) -> int:
-        return len(self.queue)
+    def waiting(self) -> list[Submission]:
+        return list(self.queue)
 
 
 class ProportionalShare(Policy):
@@ -133,8 +137,8 @@ class ProportionalShare(Policy):
             self.queues[client] = deque(s for s in q if not which(s))
         return gone
 
-    def __len__(self) -> int:
-        return sum(len(q) for q in self.queues.values())
+    def waiting(self) -> list[Submission]:
+        return [s for q in self.queues.values() for s in q]
 
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (FIFO, ProportionalShare)}
@@ -200,6 +204,26 @@ class IslandScheduler:
         for pid in [p for p, hosts in self.pending_hosts.items() if host in hosts]:
             out += self.host_done(pid, host)
         return dropped, out + self._fill()
+
+    def fail(self, pid: str) -> Submission | None:
+        """``pid`` can no longer run (its dispatch failed): a waiting one leaves the queue; a
+        slotted one stays until its hosts report that they popped it. ``None`` if ended."""
+        if pid in self.inflight:
+            return self.inflight[pid]
+        if pid not in self.waiting:
+            return None
+        self.waiting.discard(pid)
+        gone = self.policy.drop(lambda s: s.pid == pid)
+        return gone[0] if gone else None
+
+    def by_client(self) -> dict[str, dict[str, int]]:
+        """Per client, programs waiting for a slot and slotted programs not yet done."""
+        out: dict[str, dict[str, int]] = {}
+        for sub in self.policy.waiting():
+            out.setdefault(sub.client, {"waiting": 0, "slotted": 0})["waiting"] += 1
+        for sub in self.inflight.values():
+            out.setdefault(sub.client, {"waiting": 0, "slotted": 0})["slotted"] += 1
+        return out
 
     def _eligible(self, sub: Submission) -> bool:
         if sub.deps & self.waiting:

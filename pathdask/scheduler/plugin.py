@@ -18,7 +18,7 @@ from distributed import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
 from ..errors import SliceTooLargeError
-from ..ops import OUT_PREFIX
+from ..ops import DISPATCH_PREFIX, OUT_PREFIX
 from ..topology import Topology
 from .order import IslandScheduler, Submission, make_policy
 from .resources import ResourceManager
@@ -36,6 +36,7 @@ HANDLERS = (
     "pathdask_mesh",
     "pathdask_release_slice",
     "pathdask_stats",
+    "pathdask_diagnose",
     "pathdask_wait_hosts",
     "pathdask_wait_idle",
     "pathdask_timeline",
@@ -241,11 +242,18 @@ class PathwaysScheduler(SchedulerPlugin):
         self._send_orders(self.order.host_done(pid, worker))
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        """When the scheduler forgets an output key, its host frees the buffers it owned.
+        """Two endings the scheduler sees first.
 
-        Decided here rather than on the worker, because workers also see replicas
-        of a key come and go (dependencies, the active memory manager).
+        - A program's dispatch task failed on one host: the program is dropped on
+          every host it uses, with the dispatch's own error, so that no device
+          waits for a part that will never come.
+        - The scheduler forgot an output key: its host frees the buffers it owned.
+          Decided here rather than on the worker, because workers also see
+          replicas of a key come and go (dependencies, the active memory manager).
         """
+        if finish == "erred":
+            self._dispatch_failed(key, kwargs)
+            return
         if finish != "forgotten":
             return
         addr = self.output_owners.pop(key, None)
@@ -254,7 +262,33 @@ class PathwaysScheduler(SchedulerPlugin):
         pid = str(key[0])[len(OUT_PREFIX):]
         self._tell(addr, {"op": "pathdask-release-outputs", "outputs": [(pid, int(key[1]))]})
 
+    def _dispatch_failed(self, key: Any, info: dict[str, Any]) -> None:
+        if not (isinstance(key, tuple) and str(key[0]).startswith(DISPATCH_PREFIX)):
+            return
+        if info.get("cause") not in (None, key):
+            return  # erred because a dependency did; only the failing task itself ends the program
+        pid = str(key[0])[len(DISPATCH_PREFIX):]
+        sub = self.order.fail(pid)
+        if sub is None:
+            return  # ended already
+        text = info.get("exception_text") or "unknown error"
+        worker = info.get("worker")
+        reason = f"the dispatch of program {pid} failed on host {worker}: {text}"
+        logger.info("pathdask: %s; dropping it on %s", reason, sorted(sub.hosts))
+        for addr in sub.hosts:
+            self._tell(addr, {"op": "pathdask-drop-programs", "pids": [pid], "reason": reason,
+                              "cause": info.get("exception")})
+
     # -- observation -------------------------------------------------------------
+    async def diagnose(self) -> dict[str, Any]:
+        """Per host, each device's state and queue; per client, programs waiting and slotted."""
+        replies = await self._broadcast({"op": "pathdask_diagnose"})
+        hosts = {a: r for a, r in replies.items() if isinstance(r, dict)}
+        counts = self.order.by_client()
+        clients = {cid: {**c, **counts.get(cid, {"waiting": 0, "slotted": 0})} for cid, c in self.clients.items()}
+        return {"hosts": hosts, "clients": clients,
+                "unreachable": sorted(set(self.resources.hosts) - set(hosts))}
+
     async def stats(self) -> dict[str, Any]:
         replies = await self._broadcast({"op": "pathdask_stats"})
         return _merge(replies)
@@ -272,8 +306,19 @@ class PathwaysScheduler(SchedulerPlugin):
         await self._broadcast({"op": "pathdask_reset_observations"})
 
     async def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
-        """Wait until every host holds no buffers; raises ``TimeoutError`` otherwise."""
-        replies = await asyncio.wait_for(self._broadcast({"op": "pathdask_wait_idle"}), parse_timedelta(timeout))
+        """Wait until every host holds no buffers and no program; raises ``TimeoutError`` otherwise."""
+        seconds = parse_timedelta(timeout)
+        try:
+            replies = await asyncio.wait_for(self._broadcast({"op": "pathdask_wait_idle"}), seconds)
+        except TimeoutError:
+            stats = _merge(await self._broadcast({"op": "pathdask_stats"}))
+            busy = {d: (s["bytes_in_use"], s["buffers"], s["pending_programs"])
+                    for d, s in stats["devices"].items() if s["buffers"] or s["pending_programs"]}
+            raise TimeoutError(
+                f"The pathdask hosts were not idle within {seconds:g}s: {stats['programs']} program(s) "
+                f"dispatched and unfinished; devices holding (bytes, buffers, queued programs): {busy}. "
+                "Release the arrays you no longer need, or see system.diagnose() for what devices wait for"
+            ) from None
         return _merge(replies)
 
 

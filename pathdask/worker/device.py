@@ -5,13 +5,21 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from ..topology import DeviceInfo
 from .execute import run_op
+from .host import Host
+from .ledger import HostProgram
 
-if TYPE_CHECKING:
-    from .runtime import HostProgram, HostRuntime
+
+class Head(NamedTuple):
+    """What a device is doing: ``dispatch`` (its head is not dispatched here yet) or ``run``."""
+
+    pid: str
+    phase: str
+    gang: str
+    since: float  # time.monotonic()
 
 
 class DeviceStream:
@@ -20,11 +28,17 @@ class DeviceStream:
     Program ids enter ``order`` in slot order (from the scheduler's order
     messages). The stream runs the head only once its ops have been dispatched
     to this host, and never runs ahead of it, even if a later program is ready:
-    that is what keeps collectives free of deadlock.
+    that is what keeps collectives free of deadlock. A dropped head is ready
+    too: the stream pops it without running anything, so it never waits on a
+    program that can no longer be dispatched.
+
+    Threads: ``order``, ``closing``, ``gaps`` and ``timeline`` are guarded by
+    ``cond``. ``head`` and the counters are written only by the device thread;
+    others read them (``head`` is an immutable tuple, replaced whole).
     """
 
-    def __init__(self, rt: HostRuntime, info: DeviceInfo) -> None:
-        self.rt = rt
+    def __init__(self, host: Host, info: DeviceInfo) -> None:
+        self.host = host
         self.info = info
         self.order: deque[str] = deque()
         self.cond = threading.Condition()
@@ -33,7 +47,7 @@ class DeviceStream:
         self.gangs_run = 0
         self.exchanges = 0
         self.exchange_wait_s = 0.0  # real time spent waiting for peers' pieces
-        self.running: str | None = None
+        self.head: Head | None = None
         self.gaps: deque[float] = deque(maxlen=4096)  # idle time between back-to-back gangs
         #: (start, end, program, gang name, client) of recent gangs, for timelines
         self.timeline: deque[tuple[float, float, str, str, str]] = deque(maxlen=20000)
@@ -60,15 +74,35 @@ class DeviceStream:
 
     @property
     def pending(self) -> int:
-        return len(self.order)
+        with self.cond:
+            return len(self.order)
+
+    def queue(self, limit: int = 8) -> list[str]:
+        """The first ``limit`` programs waiting behind the head."""
+        with self.cond:
+            return [pid for _, pid in zip(range(limit), self.order)]
+
+    def observations(self, since: float = 0.0) -> tuple[list[float], list[tuple[float, float, str, str, str]]]:
+        """Snapshots of the idle gaps and of the timeline entries started after ``since``."""
+        with self.cond:
+            return list(self.gaps), [t for t in self.timeline if t[0] >= since]
+
+    def reset_observations(self) -> None:
+        with self.cond:
+            self.gaps.clear()
+            self.timeline.clear()
 
     def _next(self) -> str | None:
         with self.cond:
             while not self.closing:
-                if self.order and self.rt.is_dispatched(self.order[0], self.info.id):
-                    pid = self.order.popleft()
-                    self.running = pid
-                    return pid
+                if self.order:
+                    pid = self.order[0]
+                    if self.host.ledger.ready(pid):
+                        return self.order.popleft()
+                    if self.head is None or self.head.pid != pid:
+                        self.head = Head(pid, "dispatch", "", time.monotonic())
+                else:
+                    self.head = None
                 # The head is not dispatched yet: wait, and never run a later program first.
                 self.cond.wait()
             return None
@@ -86,23 +120,27 @@ class DeviceStream:
             pid = self._next()
             if pid is None:
                 return
-            prog = self.rt.programs.get(pid)
+            prog = self.host.ledger.get(pid)  # None: dropped before it was dispatched here
             ops = prog.plan.ops.get(self.info.id, ()) if prog is not None else ()
             for i, op in enumerate(ops):
                 assert prog is not None
+                gang = prog.plan.gangs[op.gang].name
                 if prog.released is not None:
+                    self.head = Head(pid, "release", gang, time.monotonic())
                     self._wait_release(prog, op.gang)
                     last_end = None  # waiting for dispatch is not a back-to-back gap
+                self.head = Head(pid, "run", gang, time.monotonic())
                 begin = time.perf_counter()
-                if last_end is not None:
-                    self.gaps.append(begin - last_end)
-                clock = run_op(self.rt, prog, self.info, op, clock if last_end is not None else None)
+                clock = run_op(self.host, prog, self.info, op, clock if last_end is not None else None)
                 self.gangs_run += 1
-                self.timeline.append((begin, time.perf_counter(), pid, prog.plan.gangs[op.gang].name,
-                                      prog.client))
+                end = time.perf_counter()
+                with self.cond:
+                    if last_end is not None:
+                        self.gaps.append(begin - last_end)
+                    self.timeline.append((begin, end, pid, gang, prog.client))
+                    backlog = i + 1 < len(ops) or bool(self.order)
                 if prog.released is not None:
-                    self.rt.gang_done(prog, self.info.id, op.gang)
-                backlog = i + 1 < len(ops) or bool(self.order)
-                last_end = time.perf_counter() if backlog else None
-            self.running = None
-            self.rt.device_done(pid, self.info.id)
+                    self.host.gang_done(prog, self.info.id, op.gang)
+                last_end = end if backlog else None
+            self.head = None
+            self.host.device_done(pid, self.info.id)

@@ -16,13 +16,14 @@ from ..topology import DeviceInfo
 from .transfer import Aborted, wait_until
 
 if TYPE_CHECKING:
-    from .runtime import HostProgram, HostRuntime
+    from .host import Host
+    from .ledger import HostProgram
 
 
 class KernelContext:
     """The gang context a kernel body sees: its mesh position and an exchange."""
 
-    def __init__(self, rt: HostRuntime, prog: HostProgram, gang: GangSpec, device: DeviceInfo, position: int) -> None:
+    def __init__(self, rt: Host, prog: HostProgram, gang: GangSpec, device: DeviceInfo, position: int) -> None:
         self.rt, self.prog, self.gang, self.device = rt, prog, gang, device
         self.mesh = gang.mesh
         self.position = position
@@ -68,7 +69,7 @@ def _check(gang: GangSpec, outs: Any, specs: tuple[OutSpec, ...]) -> tuple[np.nd
     return tuple(arrays)
 
 
-def run_op(rt: HostRuntime, prog: HostProgram, device: DeviceInfo, op: Op, clock: float | None = None) -> float:
+def run_op(rt: Host, prog: HostProgram, device: DeviceInfo, op: Op, clock: float | None = None) -> float:
     """Run ``op`` on ``device``; on failure its outputs carry the error and the gang aborts.
 
     ``clock`` is the modelled end of the device's previous gang when this one was
@@ -126,7 +127,7 @@ def run_op(rt: HostRuntime, prog: HostProgram, device: DeviceInfo, op: Op, clock
     return modelled_end
 
 
-def _read_inputs(rt: HostRuntime, prog: HostProgram, op: Op, dev: int) -> list[np.ndarray]:
+def _read_inputs(rt: Host, prog: HostProgram, op: Op, dev: int) -> list[np.ndarray]:
     """Read (and count as read) every input; the first error is raised after all are counted."""
     refs = op.inputs if isinstance(op, KernelOp) else ((op.input,) if isinstance(op, ReshardOp) and op.input else ())
     values, error = [], None
@@ -140,7 +141,7 @@ def _read_inputs(rt: HostRuntime, prog: HostProgram, op: Op, dev: int) -> list[n
     return values
 
 
-def _reshard(rt: HostRuntime, prog: HostProgram, op: ReshardOp, device: DeviceInfo, inputs: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+def _reshard(rt: Host, prog: HostProgram, op: ReshardOp, device: DeviceInfo, inputs: list[np.ndarray]) -> tuple[np.ndarray, ...]:
     src = inputs[0] if inputs else None
     sends = {}
     for dst, index in op.sends:

@@ -1,8 +1,19 @@
 """``HostRuntime``: the worker plugin that is one Pathways host.
 
 It owns the host's device streams, its buffer store, its mailbox and link
-model, and the one-way comms to its peer hosts. It is installed by the
-scheduler plugin under the name ``"pathdask"``.
+model, its plan cache and program ledger, and the one-way comms to its peer
+hosts. It is installed by the scheduler plugin under the name ``"pathdask"``.
+
+Threads and ownership:
+
+- the worker's event loop runs handlers, stream handlers and dispatch tasks;
+  it alone owns ``plans``, ``owned`` and the waiter lists;
+- device threads run gangs (``device.py``); socket receivers deliver pieces;
+- state they share lives in objects that lock it themselves: the
+  :class:`~pathdask.worker.ledger.Ledger`, the
+  :class:`~pathdask.worker.store.BufferStore` and the
+  :class:`~pathdask.worker.transfer.Mailbox`. ``_gates`` (sequential
+  dispatch) is guarded by ``_gates_lock``.
 """
 
 from __future__ import annotations
@@ -12,8 +23,7 @@ import logging
 import random
 import threading
 import time
-from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field
+from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -22,12 +32,15 @@ from dask.utils import parse_timedelta
 from distributed import WorkerPlugin
 from distributed.protocol import to_serialize
 
-from ..errors import DeviceLostError, GangAbortedError
-from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, Ref, ReshardOp
+from ..errors import DeviceLostError, DispatchError, GangAbortedError
+from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, ReshardOp
 from ..topology import DeviceInfo, Topology
 from .device import DeviceStream
 from .futures import resolve
+from .ledger import HostProgram, Ledger
+from .observe import StallWatch, diagnose, host_stats
 from .peers import Peers
+from .plans import PlanCache
 from .store import BufferStore
 from .transfer import LinkModel, Mailbox, wait_until
 
@@ -35,32 +48,6 @@ if TYPE_CHECKING:
     from distributed import Worker
 
 logger = logging.getLogger("pathdask.worker")
-
-PLAN_CACHE = 4096  # plans a host keeps, least recently used first out
-
-
-@dataclass
-class HostProgram:
-    """A program as registered on one host; ``check`` tells whether a gang was aborted."""
-
-    pid: str
-    plan: HostPlan
-    inputs: tuple[BufferKey, ...]
-    client: str
-    mailbox: Mailbox
-    remaining: set[int] = field(default_factory=set)
-    #: sequential dispatch: gangs whose Dask task has released them (None: all are)
-    released: set[int] | None = None
-    done: set[tuple[int, int]] = field(default_factory=set)  # (device, gang) finished
-
-    def resolve(self, ref: Ref) -> BufferKey:
-        if ref.kind == "in":
-            src = self.inputs[ref.index]
-            return (src[0], int(src[1]))
-        return (self.pid, ref.index)
-
-    def check(self, gang: int) -> BaseException | None:
-        return self.mailbox.check(self.pid, gang)
 
 
 class HostRuntime(WorkerPlugin):
@@ -105,22 +92,21 @@ class HostRuntime(WorkerPlugin):
                                  parse_timedelta(dask.config.get("pathdask.allocation-timeout")))
         self.mailbox = Mailbox(parse_timedelta(dask.config.get("pathdask.collective-timeout")))
         self.links = LinkModel(self.topology)
-        self.programs: dict[str, HostProgram] = {}
-        self.dropped: dict[str, BaseException] = {}
-        self.order_clients: dict[str, str] = {}
+        self.ledger = Ledger()
+        self.plans = PlanCache(worker.address)
         #: (program, output index) -> (value id, device) pairs its Dask key owns here
         self.owned: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
-        self.lock = threading.Lock()
         self._idle_waiters: list[asyncio.Future[None]] = []
-        self._op_waiters: dict[tuple[str, int, int], threading.Event] = {}
-        self.plans: OrderedDict[str, HostPlan] = OrderedDict()  # plan id -> plan, LRU
-        self._plan_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._program_waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._gates_lock = threading.Lock()
+        self._gates: dict[tuple[str, int, int], threading.Event] = {}  # sequential dispatch
         self.streams = {d: DeviceStream(self, info) for d, info in self.devices.items()}
         worker.handlers.update(
             pathdask_stream=self.peers.handle_stream,
+            pathdask_plans=self.add_plans,
             pathdask_fetch=self.fetch,
             pathdask_stats=self.stats,
+            pathdask_diagnose=self.diagnose,
             pathdask_wait_idle=self.wait_idle,
             pathdask_timeline=self.timeline,
             pathdask_reset_observations=self.reset_observations,
@@ -136,6 +122,8 @@ class HostRuntime(WorkerPlugin):
         })
         for s in self.streams.values():
             s.start()
+        self.watch = StallWatch(self, parse_timedelta(dask.config.get("pathdask.stall-warning")))
+        self.watch.start()
         logger.info("pathdask host i%d h%d up with devices %s", self.island, self.host, list(self.devices))
 
     async def teardown(self, worker: Worker) -> None:
@@ -143,8 +131,9 @@ class HostRuntime(WorkerPlugin):
             if hasattr(self, "peers"):
                 await self.peers.close()
             return
+        self.watch.stop()
         cause = GangAbortedError(f"host {worker.address} is shutting down")
-        for pid in list(self.programs):
+        for pid in self.ledger.pids():
             self.drop_program(pid, cause)
         for s in self.streams.values():
             s.close()
@@ -162,52 +151,44 @@ class HostRuntime(WorkerPlugin):
         for vid, dev in self.owned.pop((pid, index), ()):
             self.store.release((pid, vid), dev)
 
-    # -- control: order and dispatch ---------------------------------------
+    # -- control: plans, order and dispatch --------------------------------------
+    def add_plans(self, client: str, plans: list[HostPlan]) -> int:
+        """The ``pathdask_plans`` handler: a client's new plans, sent before the calls that name them."""
+        self.plans.add(client, plans)
+        return len(plans)
+
     def on_order(self, programs: list[tuple[str, str, list[int]]]) -> None:
         """Order message from the scheduler: these programs, in slot order, use these devices."""
         for pid, client, devices in programs:
-            self.order_clients[pid] = client
-            if not self.ordering:
+            if not self.ledger.slot(pid, client, devices):
+                self._ended(pid)  # dropped before its slot came: it has nothing to run here
                 continue
             for d in devices:
-                if pid in self.dropped:
-                    break
                 self.streams[d].enqueue(pid)
 
-    async def plan(self, plan: HostPlan | str) -> HostPlan:
-        """Cache a plan that came with a dispatch, or find the cached plan of an id."""
-        if isinstance(plan, HostPlan):
-            if not plan.id:
-                return plan
-            self.plans[plan.id] = plan
-            self.plans.move_to_end(plan.id)
-            while len(self.plans) > PLAN_CACHE:
-                self.plans.popitem(last=False)
-            for fut in self._plan_waiters.pop(plan.id, ()):
-                resolve(fut)
-            return plan
-        found = self.plans.get(plan)
-        if found is None:
-            # The call that brings the plan may still be on its way (tasks can overtake).
-            fut = self.loop.create_future()
-            self._plan_waiters.setdefault(plan, []).append(fut)
-            try:
-                await asyncio.wait_for(fut, 30)
-            except TimeoutError:
-                raise RuntimeError(
-                    f"Host {self.address} has no cached plan {plan}: it was evicted (more than "
-                    f"{PLAN_CACHE} programs) or this worker restarted. Create a new client"
-                ) from None
-            found = self.plans[plan]
-        self.plans.move_to_end(plan)
-        return found
-
-    async def dispatch(self, pid: str, plan: HostPlan, inputs: tuple[BufferKey, ...], client: str,
+    async def dispatch(self, pid: str, plan: HostPlan | str, inputs: tuple[BufferKey, ...], client: str,
                        gated: bool = False) -> str:
-        """Register this host's part of a program; returns at once, before execution."""
+        """Register this host's part of a program; returns at once, before execution.
+
+        ``plan`` is the host's plan, or the id of one its client sent ahead. It
+        never waits for anything but the test-only jitter. If it fails, the
+        program is dropped here at once, and on its other hosts by the scheduler.
+        """
         if self.jitter:
             await asyncio.sleep(random.uniform(0, self.jitter))  # test-only: reorder arrivals
-        self.register(pid, plan, inputs, client, gated=gated, enqueue=not self.ordering)
+        try:
+            if isinstance(plan, str):
+                plan = self.plans.get(client, pid, plan)
+            if self.address not in {d.address for g in plan.gangs.values() for d in g.members}:
+                # Dask recomputes lost keys on a replacement worker; a program cannot follow its host.
+                raise DeviceLostError(
+                    f"Program {pid} was planned for a host that left the cluster; {self.address} "
+                    "replaced it. Call the program again on a new mesh"
+                )
+            self.register(pid, plan, inputs, client, gated=gated, enqueue=not self.ordering)
+        except Exception as e:
+            self.drop_program(pid, e)
+            raise
         return pid
 
     def register(self, pid: str, plan: HostPlan, inputs: tuple[BufferKey, ...], client: str, *,
@@ -218,90 +199,98 @@ class HostRuntime(WorkerPlugin):
         ``enqueue``: the devices take it in arrival order (multi-controller runs and
         the test-only unordered mode) instead of waiting for the scheduler's order.
         """
-        if pid in self.dropped:
-            return
-        prog = HostProgram(pid, plan, tuple(inputs), client, self.mailbox, set(plan.ops),
-                           released=set() if gated else None)
-        store = self.store
-        for dev, ops in plan.ops.items():
-            for op in ops:
-                refs = op.inputs if isinstance(op, KernelOp) else (
-                    (op.input,) if isinstance(op, ReshardOp) and op.input is not None else ()
-                )
-                for ref in refs:
-                    store.declare(prog.resolve(ref), dev, consumers=1)
+        prog = HostProgram(pid, plan, tuple(inputs), client, self.mailbox, released=set() if gated else None)
+        if self.ledger.refused(pid, client) is not None:
+            return  # dropped, or its client closed, before its dispatch came
+        self._count_reads(prog, +1)
         for k, pairs in plan.owned.items():
             for vid, dev in pairs:
-                store.declare((pid, vid), dev, owned=True)
+                self.store.declare((pid, vid), dev, owned=True)
             self.owned[(pid, k)] = pairs
-        with self.lock:
-            self.programs[pid] = prog
+        # Drops run on the event loop, as this does, so nothing was dropped since the check.
+        slotted = not enqueue or self.ledger.slot(pid, client, list(plan.ops))
+        refused = self.ledger.register(prog)
+        assert slotted and refused is None, (pid, refused)
         for dev in plan.ops:
             if enqueue:
                 self.streams[dev].enqueue(pid)
             else:
                 self.streams[dev].wake()
 
+    def _count_reads(self, prog: HostProgram, sign: int) -> None:
+        """Declare (+1) or withdraw (-1) the reads the program's ops will make of their inputs."""
+        for dev, ops in prog.plan.ops.items():
+            for op in ops:
+                refs = op.inputs if isinstance(op, KernelOp) else (
+                    (op.input,) if isinstance(op, ReshardOp) and op.input is not None else ()
+                )
+                for ref in refs:
+                    if sign > 0:
+                        self.store.declare(prog.resolve(ref), dev, consumers=1)
+                    else:
+                        self.store.release(prog.resolve(ref), dev, consumers=1)
+
     def release_gang(self, pid: str, gang: int, device: int) -> threading.Event:
         """Sequential dispatch: let one gang run on one device; the event is set once it ran."""
         done = threading.Event()
-        prog = self.programs.get(pid)
+        prog = self.ledger.get(pid)
         if prog is None or prog.released is None:
             done.set()  # dropped, or already finished
             return done
+        with self._gates_lock:
+            self._gates[(pid, device, gang)] = done
         with self.streams[device].cond:
-            self._op_waiters[(pid, device, gang)] = done
             prog.released.add(gang)
             self.streams[device].cond.notify_all()
-            if (device, gang) in prog.done or prog.check(gang) is not None:
-                done.set()
+            finished = (device, gang) in prog.done or prog.check(gang) is not None
+        if finished:
+            self._open_gate(pid, device, gang)
         return done
 
     def gang_done(self, prog: HostProgram, device: int, gang: int) -> None:
         """Called by a device stream after each op of a gated program."""
         with self.streams[device].cond:
             prog.done.add((device, gang))
-            done = self._op_waiters.pop((prog.pid, device, gang), None)
+        self._open_gate(prog.pid, device, gang)
+
+    def _open_gate(self, pid: str, device: int, gang: int) -> None:
+        with self._gates_lock:
+            done = self._gates.pop((pid, device, gang), None)
         if done is not None:
             done.set()
 
     async def wait_program(self, pid: str) -> None:
-        """Wait until this host's devices have run every op of ``pid``."""
-        if pid not in self.programs:
-            return
+        """Wait until this host's devices have all popped ``pid`` (run or skipped it)."""
         fut = self.loop.create_future()
         self._program_waiters.setdefault(pid, []).append(fut)
-        if pid not in self.programs:
-            fut.set_result(None)
+        if self.ledger.client_of(pid) is None and self.ledger.get(pid) is None:
+            self._program_waiters.pop(pid, None)
+            return
         await fut
 
-    def is_dispatched(self, pid: str, device: int) -> bool:
-        return pid in self.programs or pid in self.dropped
-
     def device_done(self, pid: str, device: int) -> None:
-        with self.lock:
-            prog = self.programs.get(pid)
-            finished = prog is not None and not (prog.remaining - {device})
-            if prog is not None:
-                prog.remaining.discard(device)
-            if finished:
-                del self.programs[pid]
-                self.order_clients.pop(pid, None)
-        if finished:
-            self.loop.call_soon_threadsafe(self._report_done, pid)
+        """A device popped ``pid`` (device thread); the last one ends it on this host."""
+        if self.ledger.device_done(pid, device):
             self.mailbox.finish_program(pid)
-            for fut in self._program_waiters.pop(pid, ()):
-                self.loop.call_soon_threadsafe(resolve, fut)
-        if self._idle_waiters and self._is_idle():
-            self.loop.call_soon_threadsafe(self._wake_idle)
+            self.loop.call_soon_threadsafe(self._ended, pid)
 
-    def _report_done(self, pid: str) -> None:
+    def _ended(self, pid: str) -> None:
+        """``pid`` has ended on this host (event loop): the scheduler learns it, waiters wake."""
+        self._send_scheduler({"op": "pathdask-program-done", "pid": pid})
+        for fut in self._program_waiters.pop(pid, ()):
+            resolve(fut)
+        self._wake_idle()
+
+    def _send_scheduler(self, msg: dict[str, Any]) -> None:
+        """A one-way message on the worker's stream to the scheduler.
+
+        ``batched_stream.comm`` is Dask's private state: it tells whether the
+        stream is up, which ``BatchedSend.send`` does not.
+        """
         assert self.worker is not None
-        if self.worker.batched_stream.comm is not None and not self.worker.batched_stream.comm.closed():
-            self.worker.batched_stream.send({"op": "pathdask-program-done", "pid": pid})
-
-    def _is_idle(self) -> bool:
-        return not self.programs and not any(s.order or s.running for s in self.streams.values())
+        comm = self.worker.batched_stream.comm
+        if comm is not None and not comm.closed():
+            self.worker.batched_stream.send(msg)
 
     # -- data plane: exchange ----------------------------------------------------
     def exchange(
@@ -355,30 +344,40 @@ class HostRuntime(WorkerPlugin):
         self.mailbox.abort_gang(pid, gang, cause)
 
     def drop_program(self, pid: str, cause: BaseException) -> None:
-        """Drop a program: its gangs abort, its buffers are freed, its devices move on."""
-        self.dropped[pid] = cause
-        for key in [k for k in self._op_waiters if k[0] == pid]:
-            self._op_waiters.pop(key).set()
+        """Drop a program (event loop): its gangs abort, its buffers are freed, its devices move on.
+
+        A slotted program stays in its devices' order and each device pops it,
+        so it still ends here; one that is not slotted here is undone at once.
+        """
+        unslotted = self.ledger.drop(pid, cause)
+        with self._gates_lock:
+            gates = [self._gates.pop(k) for k in [k for k in self._gates if k[0] == pid]]
+        for done in gates:
+            done.set()
         self.mailbox.drop_program(pid, cause)
         self.store.drop_program(pid, cause)
+        if unslotted is not None:
+            self._count_reads(unslotted, -1)
         for s in self.streams.values():
             s.wake()
+        self._wake_idle()
 
-    def on_drop_programs(self, pids: list[str], reason: str, host: str | None = None) -> None:
-        """Programs that used a lost host fail here too, so that nothing waits for it."""
+    def on_drop_programs(self, pids: list[str], reason: str, host: str | None = None,
+                         cause: BaseException | None = None) -> None:
+        """Programs that can no longer run everywhere (a lost host, a failed dispatch) end here too."""
         if host is not None:
             self.peers.lost.add(host)
-        for pid in pids:
-            self.drop_program(pid, DeviceLostError(reason))
-
-    def drop_client(self, client: str) -> None:
-        """Drop every pending program of a client that has gone away."""
-        cause = GangAbortedError(f"client {client} closed or was lost; its programs were dropped")
-        with self.lock:
-            pids = {p for p, prog in self.programs.items() if prog.client == client}
-        pids |= {p for p, c in self.order_clients.items() if c == client}
+        if not isinstance(cause, BaseException):
+            cause = DeviceLostError(reason) if host is not None else DispatchError(reason)
         for pid in pids:
             self.drop_program(pid, cause)
+
+    def drop_client(self, client: str, cause: BaseException | None = None) -> None:
+        """Drop every program of a client that has gone away, and refuse its late ones."""
+        cause = cause or GangAbortedError(f"client {client} closed or was lost; its programs were dropped")
+        for pid in self.ledger.close_client(client, cause):
+            self.drop_program(pid, cause)
+        self.plans.drop_client(client)
 
     # -- observation -------------------------------------------------------------
     def account(self, device: int, seconds: float) -> None:
@@ -388,45 +387,29 @@ class HostRuntime(WorkerPlugin):
         """The values of program buffers on this host, once computed (client ``.result()``)."""
         out = []
         for pid, vid, dev in buffers:
-            if pid in self.dropped:
-                raise self.dropped[pid]
+            cause = self.ledger.dropped(pid)
+            if cause is not None:
+                raise cause
             out.append(to_serialize(await self.store.wait_value((pid, vid), dev)))
         return out
 
     def stats(self) -> dict[str, Any]:
-        mem = self.store.stats()
-        devices = {}
-        for d, s in self.streams.items():
-            devices[d] = {
-                **mem[d],
-                "island": self.island,
-                "host": self.host,
-                "index": self.devices[d].index,
-                "address": self.address,
-                "busy_s": s.busy_s,
-                "gangs_run": s.gangs_run,
-                "exchanges": s.exchanges,
-                "exchange_wait_s": s.exchange_wait_s,
-                "pending_programs": s.pending,
-                "idle_gaps": len(s.gaps),
-                "idle_gap_median_s": float(np.median(s.gaps)) if s.gaps else None,
-            }
-        return {
-            "devices": devices,
-            "links": self.links.stats(),
-            "programs": len(self.programs),
-            "mailbox": self.mailbox.pending(),
-        }
+        return host_stats(self)
+
+    def diagnose(self) -> dict[str, Any]:
+        return diagnose(self)
 
     def timeline(self, since: float = 0.0) -> dict[int, list[tuple[float, float, str, str, str]]]:
         """Per device, (start, end, program, gang, client) of recent gangs started after ``since``."""
-        return {d: [t for t in s.timeline if t[0] >= since] for d, s in self.streams.items()}
+        return {d: s.observations(since)[1] for d, s in self.streams.items()}
 
     def reset_observations(self) -> None:
         """Forget recorded gaps and timelines (benchmarks call this between runs)."""
         for s in self.streams.values():
-            s.gaps.clear()
-            s.timeline.clear()
+            s.reset_observations()
+
+    def _is_idle(self) -> bool:
+        return self.ledger.idle() and not any(s.pending or s.head for s in self.streams.values())
 
     async def wait_idle(self) -> dict[str, Any]:
         """Wait until this host holds no buffers and runs no program; return its stats."""
@@ -436,11 +419,10 @@ class HostRuntime(WorkerPlugin):
                 return self.stats()
             fut = self.loop.create_future()
             self._idle_waiters.append(fut)
-            if self._is_idle():
-                fut.set_result(None)
             await fut
 
     def _wake_idle(self) -> None:
+        """Let ``wait_idle`` look again (event loop)."""
         waiters, self._idle_waiters = self._idle_waiters, []
         for fut in waiters:
             resolve(fut)

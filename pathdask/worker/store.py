@@ -46,10 +46,16 @@ class DeviceMemory:
     capacity: int
     used: int = 0
     peak: int = 0
+    #: (bytes, since) while the device waits for frees to allocate
+    waiting: tuple[int, float] | None = None
 
 
 class BufferStore:
-    """Buffers of one host's devices. Thread-safe: device threads and the event loop use it."""
+    """Buffers of one host's devices.
+
+    Threads: device threads and the event loop use it; ``memory``, ``buffers``
+    and the waiter lists are guarded by ``cond``.
+    """
 
     def __init__(self, capacities: dict[int, int], loop: asyncio.AbstractEventLoop,
                  allocation_timeout: float = 60.0) -> None:
@@ -83,20 +89,25 @@ class BufferStore:
                 f"capacity is {format_bytes(mem.capacity)} with {format_bytes(mem.used)} in use. "
                 "Shard the array over more devices or use a topology with more hbm."
             )
-        deadline = time.monotonic() + self.allocation_timeout
+        now = time.monotonic()
+        deadline = now + self.allocation_timeout
         with self.cond:
-            while mem.used + nbytes > mem.capacity:
-                exc = is_aborted()
-                if exc is not None:
-                    raise exc
-                if time.monotonic() > deadline:
-                    raise DeviceOutOfMemoryError(
-                        f"Device {device} waited {self.allocation_timeout:g}s for "
-                        f"{format_bytes(nbytes)} of HBM: its capacity is {format_bytes(mem.capacity)} "
-                        f"with {format_bytes(mem.used)} in use, and nothing was freed. Delete arrays "
-                        "you no longer need, or raise pathdask.allocation-timeout"
-                    )
-                self.cond.wait(0.05)  # back-pressure: a free or an abort wakes us
+            try:
+                while mem.used + nbytes > mem.capacity:
+                    mem.waiting = mem.waiting or (nbytes, now)
+                    exc = is_aborted()
+                    if exc is not None:
+                        raise exc
+                    if time.monotonic() > deadline:
+                        raise DeviceOutOfMemoryError(
+                            f"Device {device} waited {self.allocation_timeout:g}s for "
+                            f"{format_bytes(nbytes)} of HBM: its capacity is {format_bytes(mem.capacity)} "
+                            f"with {format_bytes(mem.used)} in use, and nothing was freed. Delete arrays "
+                            "you no longer need, or raise pathdask.allocation-timeout"
+                        )
+                    self.cond.wait(0.05)  # back-pressure: a free or an abort wakes us
+            finally:
+                mem.waiting = None
             mem.used += nbytes
             mem.peak = max(mem.peak, mem.used)
 
@@ -209,11 +220,19 @@ class BufferStore:
                 fut = None
         if fut is not None:
             await fut
-        if buf.state == "error":
-            assert buf.error is not None
-            raise buf.error
-        assert buf.value is not None
-        return buf.value
+        with self.cond:
+            state, value, error = buf.state, buf.value, buf.error
+        if state == "error":
+            assert error is not None
+            raise error
+        if value is None:
+            raise BufferFreedError(f"Buffer {key} on device {device} was freed before it was read")
+        return value
+
+    def memory_wait(self, device: int) -> tuple[int, float] | None:
+        """(bytes, since) if ``device`` waits for frees to allocate, else ``None``."""
+        with self.cond:
+            return self.memory[device].waiting
 
     async def wait_empty(self) -> None:
         with self.cond:

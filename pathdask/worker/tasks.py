@@ -1,10 +1,15 @@
-"""The Dask tasks a lowered program consists of; they run on the host they are pinned to."""
+"""The Dask tasks a lowered program consists of; they run on the host they are pinned to.
+
+None of them waits, while it holds one of Dask's execution slots, for a side
+effect of another Dask task: a dispatch finds its plan in the host's cache
+(its client sent it ahead) or fails at once, and sequential dispatch's gang
+tasks leave the thread pool (``secede``) before they wait for their device.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import DeviceLostError
 from ..ops import HostPlan
 from .runtime import runtime
 
@@ -13,17 +18,9 @@ async def dispatch_task(pid: str, plan: HostPlan | str, inputs: tuple[tuple[str,
                         gated: bool = False) -> str:
     """Register this host's part of a program with its runtime; returns before execution.
 
-    ``plan`` is the host's plan, or its id when an earlier call brought it here.
+    ``plan`` is the host's plan, or the id of a plan its client sent ahead.
     """
-    rt = runtime()
-    plan = await rt.plan(plan)
-    if rt.address not in {d.address for g in plan.gangs.values() for d in g.members}:
-        # Dask recomputes lost keys on a replacement worker; a program cannot follow its host.
-        raise DeviceLostError(
-            f"Program {pid} was planned for a host that left the cluster; {rt.address} replaced it. "
-            "Call the program again on a new mesh"
-        )
-    return await rt.dispatch(pid, plan, inputs, client, gated=gated)
+    return await runtime().dispatch(pid, plan, inputs, client, gated=gated)
 
 
 def run_gang_task(registered: str, pid: str, gang: int, device: int, *upstream: Any) -> str:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -34,16 +35,22 @@ class Aborted(GangAbortedError):
 
 
 class Mailbox:
-    """Pieces that arrived for local devices, by exchange key; thread-safe."""
+    """Pieces that arrived for local devices, by exchange key.
+
+    Threads: every field is guarded by ``cond`` (device threads, socket receivers
+    and the event loop all deliver, wait and abort).
+    """
 
     def __init__(self, timeout: float = 120.0) -> None:
         self.timeout = timeout
         self.cond = threading.Condition()
         self.slots: dict[SlotKey, dict[int, np.ndarray]] = {}
         self.aborted: dict[tuple[str, int], BaseException] = {}
-        self.dropped: dict[str, BaseException] = {}
+        self.dropped: OrderedDict[str, BaseException] = OrderedDict()
         # Programs finished on this host; late pieces for them are discarded.
         self.finished: OrderedDict[str, None] = OrderedDict()
+        #: device -> (exchange key, sources, since) while it waits in ``collect``
+        self.waits: dict[int, tuple[SlotKey, set[int], float]] = {}
 
     def deliver(self, key: SlotKey, src: int, value: np.ndarray) -> None:
         with self.cond:
@@ -54,30 +61,43 @@ class Mailbox:
 
     def check(self, program: str, gang: int) -> BaseException | None:
         """The cause if this gang or its program was aborted, else ``None``."""
-        return self.dropped.get(program) or self.aborted.get((program, gang))
+        with self.cond:  # an RLock: ``collect`` calls this holding it
+            return self.dropped.get(program) or self.aborted.get((program, gang))
 
     def collect(self, key: SlotKey, sources: set[int]) -> dict[int, np.ndarray]:
         """Wait until a piece from every source arrived (or the gang is aborted)."""
-        deadline = time.monotonic() + self.timeout
+        now = time.monotonic()
+        deadline = now + self.timeout
         with self.cond:
-            while True:
-                cause = self.check(key[0], key[1])
-                if cause is not None:
-                    self.slots.pop(key, None)
-                    raise Aborted(cause)
-                got = self.slots.get(key, {})
-                if sources.issubset(got):
-                    return self.slots.pop(key, got)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    missing = sorted(sources - set(got))
-                    raise GangAbortedError(
-                        f"Device {key[3]} waited {self.timeout:g}s in collective #{key[2]} of gang "
-                        f"{key[1]} for devices {missing}, which never reached it. Every device of "
-                        "a gang must call the same collectives in the same order; raise "
-                        "pathdask.collective-timeout if a peer is just slow"
-                    )
-                self.cond.wait(remaining)
+            got = self.slots.get(key, {})
+            if sources.issubset(got) and self.check(key[0], key[1]) is None:
+                return self.slots.pop(key, got)  # everything is here: the common, fast path
+            self.waits[key[3]] = (key, sources, now)
+            try:
+                return self._collect(key, sources, deadline)
+            finally:
+                self.waits.pop(key[3], None)
+
+    def _collect(self, key: SlotKey, sources: set[int], deadline: float) -> dict[int, np.ndarray]:
+        """``collect``'s wait; holds ``cond``."""
+        while True:
+            cause = self.check(key[0], key[1])
+            if cause is not None:
+                self.slots.pop(key, None)
+                raise Aborted(cause)
+            got = self.slots.get(key, {})
+            if sources.issubset(got):
+                return self.slots.pop(key, got)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(sources - set(got))
+                raise GangAbortedError(
+                    f"Device {key[3]} waited {self.timeout:g}s in collective #{key[2]} of gang "
+                    f"{key[1]} for devices {missing}, which never reached it. Every device of "
+                    "a gang must call the same collectives in the same order; raise "
+                    "pathdask.collective-timeout if a peer is just slow"
+                )
+            self.cond.wait(remaining)
 
     def abort_gang(self, program: str, gang: int, cause: BaseException) -> None:
         with self.cond:
@@ -88,6 +108,8 @@ class Mailbox:
     def drop_program(self, program: str, cause: BaseException) -> None:
         with self.cond:
             self.dropped[program] = cause
+            while len(self.dropped) > 100_000:  # never finished here (never slotted): forget the oldest
+                self.dropped.popitem(last=False)
             self.cond.notify_all()
 
     def finish_program(self, program: str) -> None:
@@ -104,6 +126,17 @@ class Mailbox:
     def pending(self) -> int:
         with self.cond:
             return len(self.slots)
+
+    def waiting(self, device: int) -> dict[str, Any] | None:
+        """What ``device`` waits for in a collective: the program, gang and missing devices."""
+        with self.cond:
+            entry = self.waits.get(device)
+            if entry is None:
+                return None
+            key, sources, since = entry
+            missing = sorted(sources - set(self.slots.get(key, {})))
+            return {"program": key[0], "gang": key[1], "collective": key[2], "from_devices": missing,
+                    "since": since}
 
 
 class LinkModel:

@@ -1,0 +1,38 @@
+"""What a device stream needs from its host: the protocol that keeps ``worker/`` acyclic.
+
+:class:`~pathdask.worker.runtime.HostRuntime` implements it; device streams and
+op execution (``device.py``, ``execute.py``) see only this, as a kernel body
+sees only :class:`~pathdask.collectives.GangContext`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from ..ops import GangSpec
+from ..topology import DeviceInfo
+from .ledger import HostProgram, Ledger
+from .store import BufferStore
+
+
+class Host(Protocol):
+    ledger: Ledger
+    store: BufferStore
+
+    def exchange(self, pid: str, gang: int, seq: int, me: DeviceInfo,
+                 sends: dict[DeviceInfo, np.ndarray], sources: set[int]) -> dict[int, np.ndarray]:
+        """Send pieces to devices and return the pieces from ``sources`` (device thread)."""
+
+    def abort_gang(self, prog: HostProgram, gang: GangSpec, cause: BaseException) -> None:
+        """A member of ``gang`` failed: wake every member, here and on other hosts."""
+
+    def account(self, device: int, seconds: float) -> None:
+        """Count ``seconds`` of modelled busy time on ``device``."""
+
+    def gang_done(self, prog: HostProgram, device: int, gang: int) -> None:
+        """Sequential dispatch: a gated gang ran on ``device``."""
+
+    def device_done(self, pid: str, device: int) -> None:
+        """``device`` popped ``pid`` from its order, having run or skipped it."""

@@ -1,0 +1,160 @@
+"""The lifecycle of programs on one host: slotted, dispatched, dropped, ended.
+
+A program is *slotted* here when the scheduler's order message names it (or,
+without ordering, when it is registered): from then on each of its local
+devices must pop it from its order exactly once, by running it or by skipping
+it. It is *dispatched* when its dispatch task registered its plan. It is
+*dropped* when it can no longer run (a failed dispatch, a lost host, a closed
+client). It has *ended* here once every local device has popped it; the host
+then tells the scheduler, whatever the outcome. That is the invariant that
+keeps devices from waiting forever: a head that is dropped is ready, so a
+device never waits on a program that can no longer be dispatched.
+
+Threads: device threads, Dask's event loop and socket receivers all call in.
+Every field is guarded by ``lock`` and only methods of this class touch them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from ..ops import BufferKey, HostPlan, Ref
+from .transfer import Mailbox
+
+#: dropped programs and closed clients remembered, so that late messages are refused
+REMEMBER = 100_000
+
+
+@dataclass
+class HostProgram:
+    """A program as registered on one host; ``check`` tells whether a gang was aborted."""
+
+    pid: str
+    plan: HostPlan
+    inputs: tuple[BufferKey, ...]
+    client: str
+    mailbox: Mailbox
+    #: sequential dispatch: gangs whose Dask task has released them (None: all are)
+    released: set[int] | None = None
+    done: set[tuple[int, int]] = field(default_factory=set)  # (device, gang) finished
+
+    def resolve(self, ref: Ref) -> BufferKey:
+        if ref.kind == "in":
+            src = self.inputs[ref.index]
+            return (src[0], int(src[1]))
+        return (self.pid, ref.index)
+
+    def check(self, gang: int) -> BaseException | None:
+        return self.mailbox.check(self.pid, gang)
+
+
+class Ledger:
+    """Which programs are slotted, dispatched and dropped on one host. Thread-safe."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: guarded by ``lock``: dispatched programs
+        self._programs: dict[str, HostProgram] = {}
+        #: guarded by ``lock``: slotted programs -> (client, local devices that have not popped them)
+        self._slotted: dict[str, tuple[str, set[int]]] = {}
+        #: guarded by ``lock``: dropped programs -> why, oldest first out past ``REMEMBER``
+        self._dropped: OrderedDict[str, BaseException] = OrderedDict()
+        #: guarded by ``lock``: clients that closed; their late dispatches are refused
+        self._closed_clients: OrderedDict[str, BaseException] = OrderedDict()
+
+    # -- arrivals --------------------------------------------------------------
+    def slot(self, pid: str, client: str, devices: list[int]) -> bool:
+        """The program takes a place in these devices' order; ``False`` if it was dropped already."""
+        with self.lock:
+            if pid in self._dropped or client in self._closed_clients:
+                return False
+            self._slotted[pid] = (client, set(devices))
+            return True
+
+    def refused(self, pid: str, client: str) -> BaseException | None:
+        """Why a dispatch of ``pid`` must not register (it was dropped, its client closed)."""
+        with self.lock:
+            return self._dropped.get(pid) or self._closed_clients.get(client)
+
+    def register(self, prog: HostProgram) -> BaseException | None:
+        """Record a dispatched program; returns the cause instead if it was dropped already."""
+        with self.lock:
+            cause = self._dropped.get(prog.pid) or self._closed_clients.get(prog.client)
+            if cause is None:
+                self._programs[prog.pid] = prog
+            return cause
+
+    # -- reads -------------------------------------------------------------------
+    def get(self, pid: str) -> HostProgram | None:
+        with self.lock:
+            return self._programs.get(pid)
+
+    def ready(self, pid: str) -> bool:
+        """A device may pop ``pid``: it is dispatched here, or it will never run."""
+        with self.lock:
+            return pid in self._programs or pid in self._dropped
+
+    def dropped(self, pid: str) -> BaseException | None:
+        with self.lock:
+            return self._dropped.get(pid)
+
+    def idle(self) -> bool:
+        with self.lock:
+            return not self._programs and not self._slotted
+
+    def counts(self) -> tuple[int, int]:
+        """(dispatched, slotted) programs here."""
+        with self.lock:
+            return len(self._programs), len(self._slotted)
+
+    def pids(self) -> list[str]:
+        """Every program dispatched or slotted here."""
+        with self.lock:
+            return sorted(set(self._programs) | set(self._slotted))
+
+    def client_of(self, pid: str) -> str | None:
+        with self.lock:
+            prog = self._programs.get(pid)
+            if prog is not None:
+                return prog.client
+            entry = self._slotted.get(pid)
+            return entry[0] if entry is not None else None
+
+    # -- endings -----------------------------------------------------------------
+    def device_done(self, pid: str, device: int) -> bool:
+        """``device`` popped ``pid``; ``True`` when that ended the program on this host."""
+        with self.lock:
+            entry = self._slotted.get(pid)
+            if entry is None:
+                return False
+            entry[1].discard(device)
+            if entry[1]:
+                return False
+            del self._slotted[pid]
+            self._programs.pop(pid, None)
+            return True
+
+    def drop(self, pid: str, cause: BaseException) -> HostProgram | None:
+        """Mark ``pid`` dropped. Returns its registration if no device will pop it (not slotted
+        here), which the caller must then undo; devices skip a slotted one themselves."""
+        with self.lock:
+            self._dropped.setdefault(pid, cause)
+            _trim(self._dropped)
+            if pid in self._slotted:
+                return None
+            return self._programs.pop(pid, None)
+
+    def close_client(self, client: str, cause: BaseException) -> list[str]:
+        """Refuse the client's later programs; returns its programs known here (to drop)."""
+        with self.lock:
+            self._closed_clients[client] = cause
+            _trim(self._closed_clients)
+            return sorted({p for p, prog in self._programs.items() if prog.client == client}
+                          | {p for p, (c, _) in self._slotted.items() if c == client})
+
+
+def _trim(d: OrderedDict[str, BaseException]) -> None:
+    while len(d) > REMEMBER:
+        d.popitem(last=False)

@@ -1,0 +1,49 @@
+"""Plans that clients sent a host ahead of their calls, so that each call carries only an id.
+
+A client sends a host each new plan (``pathdask_plans``) and waits for the
+answer *before* it submits a call that names the plan. Delivery therefore never
+depends on the order in which Dask runs tasks, and a dispatch task never waits
+for another task to bring its plan: it finds the plan here, or fails at once.
+
+Owner: the worker's event loop (handlers and dispatch tasks run there); no lock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from ..errors import PlanMissingError
+from ..ops import PLANS_PER_CLIENT, HostPlan
+
+
+class PlanCache:
+    def __init__(self, address: str, per_client: int = PLANS_PER_CLIENT) -> None:
+        self.address = address
+        self.per_client = per_client
+        self._plans: dict[str, OrderedDict[str, HostPlan]] = {}
+
+    def add(self, client: str, plans: list[HostPlan]) -> None:
+        cache = self._plans.setdefault(client, OrderedDict())
+        for plan in plans:
+            cache[plan.id] = plan
+            cache.move_to_end(plan.id)
+        while len(cache) > self.per_client:
+            cache.popitem(last=False)
+
+    def get(self, client: str, pid: str, plan_id: str) -> HostPlan:
+        cache: OrderedDict[str, HostPlan] = self._plans.get(client, OrderedDict())
+        plan = cache.get(plan_id)
+        if plan is None:
+            raise PlanMissingError(
+                f"Host {self.address} has no plan {plan_id} for program {pid} of client {client}: "
+                "this worker restarted since the client sent it, or the client closed. Call the "
+                "program again from a live client on a new mesh"
+            )
+        cache.move_to_end(plan_id)
+        return plan
+
+    def drop_client(self, client: str) -> None:
+        self._plans.pop(client, None)
+
+    def __len__(self) -> int:
+        return sum(len(c) for c in self._plans.values())
