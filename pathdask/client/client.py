@@ -299,7 +299,7 @@ class Client:
             except TimeoutError:
                 raise TimeoutError(
                     f"The shards of program {array._pid} were not ready within {seconds:g}s. "
-                    f"{self._waiting_for(array._pid)}"
+                    f"{await self._waiting_for(array._pid)}"
                 ) from None
 
         replies = self.dask.sync(gather)
@@ -318,10 +318,10 @@ class Client:
         """
         return Diagnosis.from_reply(self.dask.sync(self.dask.scheduler.pathdask_diagnose))
 
-    def _waiting_for(self, pid: str) -> str:
-        """A sentence on what program ``pid`` waits for, for timeout messages."""
+    async def _waiting_for(self, pid: str) -> str:
+        """A sentence on what program ``pid`` waits for, for timeout messages (event loop)."""
         try:
-            waits = self.diagnose().waiting(pid)
+            waits = Diagnosis.from_reply(await self.dask.scheduler.pathdask_diagnose()).waiting(pid)
         except Exception as e:  # noqa: BLE001 - the timeout is the error; this only explains it
             return f"(Its state could not be read: {type(e).__name__}: {e})"
         if not waits:

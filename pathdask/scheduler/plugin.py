@@ -214,7 +214,11 @@ class PathwaysScheduler(SchedulerPlugin):
             self._tell(addr, {"op": "pathdask-drop-programs", "pids": pids, "reason": reason, "host": lost})
 
     def _tell(self, addr: str, msg: dict[str, Any]) -> bool:
-        """Send ``msg`` on the scheduler's stream to host ``addr``; ``False`` if the host is gone."""
+        """Send ``msg`` on the scheduler's stream to host ``addr``; ``False`` if the host is gone.
+
+        ``stream_comms`` is the scheduler's own table of batched streams to workers;
+        ``Scheduler.send_all`` would do, but silently drops messages to a gone worker.
+        """
         comm = self.scheduler.stream_comms.get(addr)
         if comm is None:
             return False

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -43,8 +44,13 @@ class Peers:
             raise ValueError(f"pathdask.transport must be 'socket' or 'dask', got {kind!r}")
         self.worker, self.loop = worker, loop
         self.transport = SocketTransport(get_address_host(worker.address), handle) if kind == "socket" else None
-        self.addresses: dict[str, str] = {}  # worker address -> its transport address
-        self.lost: set[str] = set()  # hosts known to have left: nothing is sent to them
+        #: worker address -> its transport address; device threads fill it, under ``_lock``
+        self.addresses: dict[str, str] = {}
+        self._lock = threading.Lock()
+        #: hosts known to have left: nothing is sent to them. Replaced whole (on the event
+        #: loop), never mutated, so device threads can read it without a lock.
+        self.lost: frozenset[str] = frozenset()
+        # event loop only: Dask-comms streams to peers, and messages waiting for one to open
         self.streams: dict[str, BatchedSend] = {}
         self.backlog: dict[str, list[dict[str, Any]]] = defaultdict(list)
 
@@ -66,11 +72,17 @@ class Peers:
         self.loop.call_soon_threadsafe(self._send, addr, msg)
 
     def _transport_address(self, addr: str) -> str:
-        found = self.addresses.get(addr)
+        with self._lock:
+            found = self.addresses.get(addr)
         if found is None:
             fut = asyncio.run_coroutine_threadsafe(self.worker.rpc(addr).pathdask_transport(), self.loop)
-            found = self.addresses[addr] = fut.result(timeout=10)
+            found = fut.result(timeout=10)
+            with self._lock:
+                self.addresses[addr] = found
         return found
+
+    def mark_lost(self, host: str) -> None:
+        self.lost = self.lost | {host}
 
     def _send(self, addr: str, msg: dict[str, Any]) -> None:
         bs = self.streams.get(addr)

@@ -366,7 +366,7 @@ class HostRuntime(WorkerPlugin):
                          cause: BaseException | None = None) -> None:
         """Programs that can no longer run everywhere (a lost host, a failed dispatch) end here too."""
         if host is not None:
-            self.peers.lost.add(host)
+            self.peers.mark_lost(host)
         if not isinstance(cause, BaseException):
             cause = DeviceLostError(reason) if host is not None else DispatchError(reason)
         for pid in pids:

@@ -140,7 +140,10 @@ class Mailbox:
 
 
 class LinkModel:
-    """Modelled arrival times and bytes moved, per link class, for one host's devices."""
+    """Modelled arrival times and bytes moved, per link class, for one host's devices.
+
+    Threads: device threads call ``arrival``; every field is guarded by ``lock``.
+    """
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
@@ -152,14 +155,14 @@ class LinkModel:
 
     def arrival(self, src: int, dst: DeviceInfo, nbytes: int, start: float) -> float:
         """When a piece sent at ``start`` from device ``src`` is modelled to be in ``dst``'s memory."""
-        pair = self._pairs.get((src, dst.id))
-        if pair is None:
-            cls = self.topology.link_class(device_info(self.topology, src), dst)
-            pair = self._pairs[(src, dst.id)] = (cls, self.topology.link(cls))
-        cls, link = pair
-        if link is None:
-            return start
         with self.lock:
+            pair = self._pairs.get((src, dst.id))
+            if pair is None:
+                cls = self.topology.link_class(device_info(self.topology, src), dst)
+                pair = self._pairs[(src, dst.id)] = (cls, self.topology.link(cls))
+            cls, link = pair
+            if link is None:
+                return start
             free_at = max(start, self.busy_until.get((dst.id, cls), 0.0))
             done = free_at + nbytes / link.bandwidth
             self.busy_until[(dst.id, cls)] = done
