@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -12,10 +12,25 @@ from ..sharding import Sharding
 from ..spec import PartitionSpec
 
 if TYPE_CHECKING:
+    import threading
+
     import xarray as xr
     from distributed import Future
 
-    from .client import Client
+    from ..topology import Topology
+
+
+class ArrayOwner(Protocol):
+    """What a ``ShardedArray`` needs from the client that made it (``Client`` is one)."""
+
+    _lock: threading.Lock
+    topology: Topology
+
+    def _fetch(self, array: ShardedArray, timeout: Any = None) -> np.ndarray:
+        """Gather the array's shards from their hosts."""
+
+    def _run(self, program: Any, arrays: tuple[ShardedArray, ...]) -> Any:
+        """Dispatch a traced ``Program`` on these arrays."""
 
 __all__ = ["ShardedArray"]
 
@@ -28,7 +43,7 @@ class ShardedArray:
     live while it does: ``delete()`` or garbage collection frees them.
     """
 
-    def __init__(self, client: Client, pid: str, vid: int, shape: tuple[int, ...], dtype: Any,
+    def __init__(self, client: ArrayOwner, pid: str, vid: int, shape: tuple[int, ...], dtype: Any,
                  mesh: Mesh, spec: PartitionSpec, futures: dict[str, Future],
                  xarray_meta: dict[str, Any] | None = None) -> None:
         self.client = client

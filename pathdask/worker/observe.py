@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from tornado.ioloop import PeriodicCallback
 
 from ..diagnosis import describe
+from ..topology import DeviceInfo
+from .device import DeviceStream
+from .ledger import Ledger
+from .plans import PlanCache
+from .store import BufferStore
+from .transfer import LinkModel, Mailbox
 
 if TYPE_CHECKING:
-    from .runtime import HostRuntime
+    from distributed import Worker
 
 logger = logging.getLogger("pathdask.worker")
 
@@ -20,7 +26,23 @@ logger = logging.getLogger("pathdask.worker")
 WAITS = ("dispatch", "pieces", "memory", "release")
 
 
-def host_stats(rt: HostRuntime) -> dict[str, Any]:
+class Observed(Protocol):
+    """What a report reads of a host (``HostRuntime`` is one)."""
+
+    worker: Worker | None
+    address: str
+    island: int
+    host: int
+    devices: dict[int, DeviceInfo]
+    streams: dict[int, DeviceStream]
+    store: BufferStore
+    mailbox: Mailbox
+    links: LinkModel
+    ledger: Ledger
+    plans: PlanCache
+
+
+def host_stats(rt: Observed) -> dict[str, Any]:
     mem = rt.store.stats()
     devices = {}
     for d, s in rt.streams.items():
@@ -44,7 +66,7 @@ def host_stats(rt: HostRuntime) -> dict[str, Any]:
             "mailbox": rt.mailbox.pending()}
 
 
-def device_state(rt: HostRuntime, device: int) -> dict[str, Any]:
+def device_state(rt: Observed, device: int) -> dict[str, Any]:
     """What ``device`` does now: its state, the program and gang, what it waits for, its queue."""
     s = rt.streams[device]
     head, now = s.head, time.monotonic()
@@ -67,7 +89,7 @@ def device_state(rt: HostRuntime, device: int) -> dict[str, Any]:
     return out
 
 
-def diagnose(rt: HostRuntime) -> dict[str, Any]:
+def diagnose(rt: Observed) -> dict[str, Any]:
     dispatched, slotted = rt.ledger.counts()
     return {"address": rt.address, "island": rt.island, "host": rt.host, "dispatched": dispatched,
             "slotted": slotted, "plans": len(rt.plans),
@@ -81,7 +103,7 @@ class StallWatch:
     Runs on the worker's event loop.
     """
 
-    def __init__(self, rt: HostRuntime, threshold: float) -> None:
+    def __init__(self, rt: Observed, threshold: float) -> None:
         self.rt, self.threshold = rt, threshold
         self.warned: set[tuple[Any, ...]] = set()
         self.callback = PeriodicCallback(self.check, max(100.0, min(1000.0, threshold * 250)))
