@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from distributed import Client as DaskClient
@@ -16,12 +15,12 @@ from .topology import Topology
 
 __all__ = ["LocalSystem", "default_topology"]
 
-DEFAULT_TOPOLOGY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cluster", "local.yaml")
+DEFAULT_TOPOLOGY = "local"
 
 
 def default_topology() -> Topology:
-    """``cluster/local.yaml`` when it is there (a source checkout), else the same built in."""
-    return Topology.load(DEFAULT_TOPOLOGY) if os.path.exists(DEFAULT_TOPOLOGY) else Topology()
+    """The packaged ``local`` topology (2 islands x 2 hosts x 2 devices)."""
+    return Topology.load(DEFAULT_TOPOLOGY)
 
 
 class LocalSystem:
@@ -30,7 +29,7 @@ class LocalSystem:
     Parameters
     ----------
     topology : Topology, optional
-        Defaults to ``cluster/local.yaml`` (2 islands x 2 hosts x 2 devices).
+        Defaults to ``Topology.load("local")`` (2 islands x 2 hosts x 2 devices).
     processes : bool
         One process per host (the default) or all hosts in this process.
     dashboard_address : str or None

@@ -17,6 +17,27 @@ from dask.utils import format_bytes, parse_bytes, parse_timedelta
 
 from .errors import TopologyError
 
+#: topologies shipped with pathdask, loadable by name: ``Topology.load("local")``
+PACKAGED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "topologies")
+
+
+def packaged_topologies() -> list[str]:
+    return sorted(f[:-5] for f in os.listdir(PACKAGED) if f.endswith(".yaml"))
+
+
+def _topology_file(path: str | os.PathLike[str]) -> str:
+    """The file a ``Topology.load`` argument names: a path, or a packaged topology's name."""
+    path = os.fspath(path)
+    if os.path.exists(path):
+        return path
+    packaged = os.path.join(PACKAGED, f"{path.removesuffix('.yaml')}.yaml")
+    if os.sep not in path and os.path.exists(packaged):
+        return packaged
+    raise TopologyError(
+        f"No topology file {path!r} (from the current directory {os.getcwd()}), and pathdask "
+        f"ships no topology of that name; give a path, or one of {packaged_topologies()}"
+    )
+
 __all__ = ["DeviceId", "Link", "LinkClass", "Topology", "DeviceInfo"]
 
 DeviceId = NewType("DeviceId", int)
@@ -185,10 +206,27 @@ class Topology:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Topology:
-        """Load a topology from a YAML file such as ``cluster/local.yaml``."""
-        with open(path) as f:
-            data: dict[str, Any] = yaml.safe_load(f) or {}
-        return cls.from_dict(data.get("topology", data))
+        """Load a topology from a YAML file, or one shipped with pathdask by name.
+
+        Examples
+        --------
+        >>> Topology.load("local")                      # 2 islands x 2 hosts x 2 devices  # doctest: +SKIP
+        >>> Topology.load("cluster/local.yaml")         # a file  # doctest: +SKIP
+        """
+        file = _topology_file(path)
+        try:
+            with open(file) as f:
+                data = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            raise TopologyError(f"Topology file {file} is not valid YAML: {e}") from None
+        if data is None:
+            raise TopologyError(
+                f"Topology file {file} is empty; it needs a `topology:` mapping such as "
+                f"{{islands: 2, hosts_per_island: 2, devices_per_host: 2}}"
+            )
+        if isinstance(data, dict) and "topology" in data:
+            data = data["topology"]
+        return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:
         """A plain mapping that :meth:`from_dict` turns back into an equal topology."""

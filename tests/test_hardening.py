@@ -232,3 +232,15 @@ def test_diagnose_names_each_device(fsystem):
     assert sorted(diagnosis.devices) == list(range(SMALL.num_devices))
     assert all(s["state"] == "idle" for s in diagnosis.devices.values())
     assert "device 0 (island 0 host 0): idle" in str(diagnosis)
+
+
+def test_doctor_prints_every_device(fsystem):
+    from click.testing import CliRunner
+
+    from pathdask.cli import main
+
+    result = CliRunner().invoke(main, ["doctor", fsystem.scheduler_address])
+    assert result.exit_code == 0, result.output
+    assert "device 7 (island 1 host 1): idle" in result.output and "clients:" in result.output
+    unreachable = CliRunner().invoke(main, ["doctor", "tcp://127.0.0.1:1", "--timeout", "1s"])
+    assert unreachable.exit_code != 0 and "cannot reach the scheduler" in unreachable.output

@@ -58,3 +58,26 @@ def test_unknown_yaml_field_lists_known(tmp_path):
     p.write_text("topology:\n  islandz: 2\n")
     with pytest.raises(pw.TopologyError, match=r"islandz.*known fields"):
         pw.Topology.load(p)
+
+
+def test_packaged_topologies_load_by_name_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert pw.Topology.load("local") == pw.Topology.load("local.yaml")
+    assert pw.Topology.load("local").num_devices == 8
+    with pytest.raises(pw.TopologyError, match=r"No topology file 'nowhere.yaml'.*one of \['local'\]"):
+        pw.Topology.load("nowhere.yaml")
+
+
+def test_bad_topology_files_are_typed_errors(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing here\n")
+    with pytest.raises(pw.TopologyError, match="is empty; it needs a `topology:` mapping"):
+        pw.Topology.load(empty)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("topology:\n  islands: [1\n")
+    with pytest.raises(pw.TopologyError, match=r"(?s)is not valid YAML.*line"):
+        pw.Topology.load(broken)
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- 1\n- 2\n")
+    with pytest.raises(pw.TopologyError, match="must be a mapping, got list"):
+        pw.Topology.load(listed)
