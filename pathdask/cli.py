@@ -18,8 +18,8 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--topology", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Topology YAML file.  [default: cluster/local.yaml, else 2 islands x 2 hosts x 2 devices]")
+@click.option("--topology", default=None,
+              help="Topology YAML file, or a packaged topology's name.  [default: local, 2 islands x 2 hosts x 2 devices]")
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Training steps.")
 @click.option("--processes/--threads", default=True, show_default=True,
               help="One worker process per host, or all hosts in this process.")
@@ -42,6 +42,28 @@ def demo(topology: str | None, steps: int, processes: bool, seed: int, progress:
         raise click.ClickException(f"the sharded result does not match NumPy. {report.message}")
 
 
+@main.command()
+@click.argument("address")
+@click.option("--timeout", default="10s", show_default=True, help="How long to wait for the scheduler.")
+def doctor(address: str, timeout: str) -> None:
+    """Print what every device of a running system does or waits for, and every client's queue.
+
+    ADDRESS is the Dask scheduler's address, e.g. tcp://127.0.0.1:8786.
+    """
+    from distributed import Client as DaskClient
+
+    from .diagnosis import Diagnosis
+
+    try:
+        with DaskClient(address, timeout=timeout, set_as_default=False) as dask_client:
+            reply = dask_client.sync(dask_client.scheduler.pathdask_diagnose)
+    except OSError as e:
+        raise click.ClickException(f"cannot reach the scheduler at {address}: {e}") from e
+    if not isinstance(reply, dict):
+        raise click.ClickException(f"the scheduler at {address} does not run the pathdask plugin")
+    click.echo(str(Diagnosis.from_reply(reply)))
+
+
 @main.group()
 def bench() -> None:
     """Benchmarks: pathdask and its baselines in one run; a table, JSON and plots."""
@@ -50,8 +72,8 @@ def bench() -> None:
 @bench.command("dispatch")
 @click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
 @click.option("--out", default="bench-results", show_default=True, help="Folder for JSON and HTML.")
-@click.option("--topology", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Topology YAML file.  [default: cluster/local.yaml]")
+@click.option("--topology", default=None,
+              help="Topology YAML file, or a packaged topology's name.  [default: local]")
 @click.option("--repeats", type=click.IntRange(min=1), default=None, help="Runs per measurement (best kept).")
 @click.option("--ray/--no-ray", default=True, show_default=True, help="Include Ray where it is installed.")
 @click.option("--processes/--threads", default=True, show_default=True,
@@ -72,8 +94,8 @@ def bench_dispatch(small: bool, out: str, topology: str | None, repeats: int | N
 @bench.command("tenancy")
 @click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
 @click.option("--out", default="bench-results", show_default=True, help="Folder for JSON and HTML.")
-@click.option("--topology", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Topology YAML file.  [default: cluster/local.yaml]")
+@click.option("--topology", default=None,
+              help="Topology YAML file, or a packaged topology's name.  [default: local]")
 @click.option("--processes/--threads", default=True, show_default=True,
               help="One worker process per host, or all hosts in this process.")
 def bench_tenancy(small: bool, out: str, topology: str | None, processes: bool) -> None:
@@ -106,6 +128,31 @@ def bench_soak(small: bool, clients: int | None, programs: int | None, seed: int
         run(cfg, out=out, echo=click.echo, processes=processes)
     except AssertionError as e:
         raise click.ClickException(str(e)) from e
+
+
+@bench.command("stress")
+@click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
+@click.option("--runs", type=click.IntRange(min=1), default=None, help="Fresh systems, one after another.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Run R draws from seed * 1000 + R.")
+@click.option("--processes/--threads", default=False, show_default=True,
+              help="Worker processes (and worker kills), or all hosts in this process.")
+@click.option("--out", default="bench-results", show_default=True, help="Folder for JSON.")
+@click.option("--hang-seconds", type=click.FloatRange(min=1), default=None,
+              help="No program ending for this long is a hang.  [default: 30]")
+def bench_stress(small: bool, runs: int | None, seed: int, processes: bool, out: str,
+                 hang_seconds: float | None) -> None:
+    """Random clients, programs and chaos on fresh systems; no program may hang."""
+    from .bench.stress import Config, run
+
+    cfg = Config.small() if small else Config()
+    cfg.runs = runs or cfg.runs
+    cfg.seed, cfg.processes = seed, processes
+    cfg.hang_seconds = hang_seconds or cfg.hang_seconds
+    s = run(cfg, out=out, echo=click.echo)["summary"]
+    if s["runs_with_hangs"] or s["wrong_results"] or s["runs_with_bytes_left"]:
+        raise click.ClickException(
+            f"{s['runs_with_hangs']} run(s) with hangs, {s['wrong_results']} wrong result(s), "
+            f"{s['runs_with_bytes_left']} run(s) with bytes left; see {out}/stress.json")
 
 
 if __name__ == "__main__":

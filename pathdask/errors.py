@@ -12,8 +12,10 @@ __all__ = [
     "DeviceOutOfMemoryError",
     "DispatchError",
     "GangAbortedError",
+    "KernelOutputError",
     "MeshError",
     "PlanMissingError",
+    "ReplicationError",
     "ShapeMismatchError",
     "ShardingError",
     "SliceTooLargeError",
@@ -59,3 +61,11 @@ class PlanMissingError(RuntimeError):
 
 class DispatchError(RuntimeError):
     """A program's dispatch failed on one of its hosts, so it was dropped on all of them."""
+
+
+class KernelOutputError(TypeError):
+    """A function body returned something that is not a numeric array block."""
+
+
+class ReplicationError(ValueError):
+    """A replicated output (its out_spec leaves a mesh axis out) differs between devices."""

@@ -93,6 +93,9 @@ class GangSpec:
     mesh: Any = None  # pathdask.mesh.Mesh for kernels
     body: Callable[..., Any] | None = None
     cost_s: float = 0.0
+    #: per output, the mesh axes (of size > 1) that its out_spec leaves out: its blocks must be
+    #: equal along them, and devices check it (``pathdask.check-replication``); empty: no check
+    replicated: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)

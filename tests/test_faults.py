@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import dask
 import numpy as np
 import pytest
@@ -12,24 +14,43 @@ from pathdask import P
 from .conftest import SMALL, assert_clean
 
 
-def test_mismatched_collectives_time_out_instead_of_hanging():
+def test_mismatched_collectives_fail_at_once_with_what_differed(system):
+    with system.client(name="faulty") as client:
+        mesh = client.mesh({"x": 4})
+
+        @pw.function(in_specs=P("x"), out_specs=P("x"))
+        def lopsided(b):
+            if pw.axis_index("x") == 0:  # only one device calls the collective
+                return pw.psum(b, "x")
+            return b
+
+        x = client.put(np.ones(4), mesh, P("x"))
+        start = time.monotonic()
+        with pytest.raises(pw.GangAbortedError, match=r"called different collectives: device \d returned "
+                           r"from the body after 0 collective\(s\), while device 0 called collective #1"):
+            lopsided(x).result(timeout=30)
+        assert time.monotonic() - start < 10  # not the 120 s collective timeout
+        # the devices are free again
+        ok = pw.function(lambda b: pw.psum(b, "x"), in_specs=P("x"), out_specs=P())
+        np.testing.assert_array_equal(ok(x).result(timeout=30), [4.0])
+        del x
+    assert_clean(system)
+
+
+def test_a_peer_that_never_comes_times_out_instead_of_hanging():
     with dask.config.set({"pathdask.collective-timeout": "1s"}), \
             pw.LocalSystem(SMALL, processes=False, dashboard_address=None) as system:
-        with system.client(name="faulty") as client:
-            mesh = client.mesh({"x": 4})
+        with system.client(name="slow") as client:
+            mesh = client.mesh({"x": 2})
+            @pw.function(in_specs=P("x"), out_specs=P())
+            def late(b):
+                if pw.axis_index("x") == 1:
+                    time.sleep(3)  # a peer far slower than the collective timeout
+                return pw.psum(b, "x")
 
-            @pw.function(in_specs=P("x"), out_specs=P("x"))
-            def lopsided(b):
-                if pw.axis_index("x") == 0:  # only one device calls the collective
-                    return pw.psum(b, "x")
-                return b
-
-            x = client.put(np.ones(4), mesh, P("x"))
-            with pytest.raises(pw.GangAbortedError, match=r"never reached it.*same collectives"):
-                lopsided(x).result(timeout=30)
-            # the devices are free again
-            ok = pw.function(lambda b: pw.psum(b, "x"), in_specs=P("x"), out_specs=P())
-            np.testing.assert_array_equal(ok(x).result(timeout=30), [4.0])
+            x = client.put(np.ones(2), mesh, P("x"))
+            with pytest.raises(pw.GangAbortedError, match=r"waited 1s in collective #0.*never reached it"):
+                late(x).result(timeout=30)
             del x
         assert_clean(system)
 
@@ -75,7 +96,7 @@ def chain(n):
 def test_killed_worker_fails_only_the_programs_on_its_devices():
     import os
     import signal
-    import time
+
 
     with pw.LocalSystem(SMALL, processes=True, dashboard_address=None) as system:
         client = system.client(name="survivor")
@@ -116,7 +137,7 @@ sys.stdin.read()
 def test_killed_client_is_garbage_collected(tmp_path):
     import subprocess
     import sys
-    import time
+
 
     with pw.LocalSystem(SMALL, processes=True, dashboard_address=None) as system:
         script = tmp_path / "client.py"

@@ -13,6 +13,7 @@ import dask
 import numpy as np
 from dask.utils import parse_timedelta
 from distributed import Client as DaskClient
+from distributed.core import clean_exception
 from distributed.protocol import to_serialize
 
 from ..diagnosis import Diagnosis
@@ -283,11 +284,16 @@ class Client:
 
         async def fetch_from(addr: str, buffers: list[tuple[str, int, int]]) -> list[np.ndarray]:
             try:
-                return list(await self.dask.rpc(addr).pathdask_fetch(buffers=buffers))
+                reply = await self.dask.rpc(addr).pathdask_fetch(buffers=buffers)
             except OSError as e:  # CommClosedError is one
                 raise DeviceLostError(
                     f"Host {addr}, which holds shards of this array, is gone ({type(e).__name__}: {e})"
                 ) from e
+            if "error" in reply:
+                _, exc, tb = clean_exception(**reply["error"])
+                assert exc is not None
+                raise exc.with_traceback(tb)
+            return list(reply["values"])
 
         async def gather() -> list[list[np.ndarray]]:
             # The hosts answer once the shards are computed, or with the error that ended

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..blocks import as_block
 from ..collectives import bind
 from ..errors import ShapeMismatchError, ShardingError
 from ..mesh import Mesh
@@ -114,9 +115,7 @@ class Function:
             )
         block_avals, global_avals = [], []
         for i, (v, spec) in enumerate(zip(values, self.out_specs)):
-            a = np.asarray(v)
-            if a.dtype == object:
-                raise ShapeMismatchError(f"Function {self.name!r} output {i} is not a numeric array")
+            a = as_block(v, self.name, i)
             block_avals.append(Aval(tuple(a.shape), a.dtype.str))
             global_avals.append(Aval(global_shape(tuple(a.shape), mesh, spec), a.dtype.str))
         seconds = self._seconds(blocks, device_flops)

@@ -19,6 +19,7 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
+import dask
 from dask._task_spec import Task, TaskRef
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
@@ -28,9 +29,22 @@ from ..topology import DeviceInfo
 from .program import Program
 
 
-@functools.lru_cache(maxsize=512)
 def lower(program: Program) -> dict[str, HostPlan]:
     """Per host address, the plan of that host's devices for ``program`` (cached)."""
+    return _lower(program, bool(dask.config.get("pathdask.check-replication")))
+
+
+def _replicated(g: Any, check: bool) -> tuple[tuple[str, ...], ...]:
+    """Per output of kernel gang ``g``, the mesh axes its blocks must agree along (if checked)."""
+    if not check:
+        return ()
+    axes = tuple(tuple(a for a, n in g.mesh.axes if n > 1 and a not in spec.mesh_axes)
+                 for spec in g.function.out_specs)
+    return axes if any(axes) else ()
+
+
+@functools.lru_cache(maxsize=512)
+def _lower(program: Program, check_replication: bool) -> dict[str, HostPlan]:
     ops: dict[str, dict[int, list[Op]]] = defaultdict(lambda: defaultdict(list))
     gangs: dict[str, dict[int, GangSpec]] = defaultdict(dict)
 
@@ -44,7 +58,8 @@ def lower(program: Program) -> dict[str, HostPlan]:
     for g in program.gangs:
         if g.kind == "kernel":
             assert g.function is not None
-            spec = GangSpec(g.index, g.name, g.mesh.devices, g.mesh, g.function.body, g.cost_s)
+            spec = GangSpec(g.index, g.name, g.mesh.devices, g.mesh, g.function.body, g.cost_s,
+                            _replicated(g, check_replication))
             for p, dev in enumerate(g.mesh.devices):
                 outs = tuple(OutSpec(v, b.shape, b.dtype) for v, b in zip(g.outputs, g.block_avals))
                 add(dev, KernelOp(g.index, p, tuple(ref(v) for v in g.inputs), outs), spec)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..blocks import as_block
 from ..collectives import bind
-from ..errors import ShapeMismatchError
+from ..errors import ReplicationError, ShapeMismatchError
 from ..ops import GangSpec, KernelOp, Op, OutSpec, PutOp, ReshardOp
 from ..sharding import contiguous
 from ..topology import DeviceInfo
@@ -29,8 +31,11 @@ class KernelContext:
         self.position = position
         self.seq = 0
 
-    def exchange(self, sends: dict[int, np.ndarray], sources: Sequence[int], like: np.ndarray) -> dict[int, np.ndarray]:
-        seq, self.seq = self.seq, self.seq + 1
+    def exchange(self, sends: dict[int, np.ndarray], sources: Sequence[int], like: np.ndarray,
+                 seq: int | None = None) -> dict[int, np.ndarray]:
+        """One collective's exchange; ``seq`` numbers it (by default, the body's next)."""
+        if seq is None:
+            seq, self.seq = self.seq, self.seq + 1
         devices = self.mesh.devices
         got = self.rt.exchange(
             self.prog.pid, self.gang.index, seq, self.device,
@@ -57,7 +62,7 @@ def _check(gang: GangSpec, outs: Any, specs: tuple[OutSpec, ...]) -> tuple[np.nd
         )
     arrays = []
     for i, (v, s) in enumerate(zip(values, specs)):
-        a = np.asarray(v)
+        a = as_block(v, gang.name, i)
         if a.shape != s.shape or a.dtype != np.dtype(s.dtype):
             raise ShapeMismatchError(
                 f"Function {gang.name!r} output {i}: expected a block of shape {s.shape} and "
@@ -99,6 +104,9 @@ def run_op(rt: Host, prog: HostProgram, device: DeviceInfo, op: Op, clock: float
             ctx = KernelContext(rt, prog, gang, device, op.position)
             with bind(ctx), np.errstate(all="ignore"):
                 values = _check(gang, gang.body(*inputs), op.outputs)
+            rt.close_gang(prog.pid, gang, dev, ctx.seq)
+            if gang.replicated:
+                _check_replicated(ctx, gang, values)
             deadline = start + gang.cost_s
             worked = time.perf_counter()
             wait_until(deadline, lambda: prog.check(op.gang))
@@ -125,6 +133,30 @@ def run_op(rt: Host, prog: HostProgram, device: DeviceInfo, op: Op, clock: float
     for o, v in zip(outs, values):
         rt.store.put((prog.pid, o.vid), dev, v, o.nbytes)
     return modelled_end
+
+
+def _check_replicated(ctx: KernelContext, gang: GangSpec, values: tuple[np.ndarray, ...]) -> None:
+    """Every output must be equal along the mesh axes its out_spec leaves out (JAX's replication
+    check). The gang's devices exchange digests of their blocks, outside the body's collectives."""
+    mine = np.array([_digest(v) if axes else 0 for v, axes in zip(values, gang.replicated)], dtype=np.uint64)
+    peers = sorted({p for axes in gang.replicated if axes for p in ctx.mesh.group(ctx.position, axes)}
+                   - {ctx.position})
+    got = ctx.exchange(dict.fromkeys(peers, mine), peers, mine, seq=-1)
+    for i, axes in enumerate(gang.replicated):
+        for p in ctx.mesh.group(ctx.position, axes) if axes else ():
+            if p != ctx.position and got[p][i] != mine[i]:
+                raise ReplicationError(
+                    f"Function {gang.name!r} output {i} is declared replicated along mesh axes "
+                    f"{list(axes)} (its out_spec leaves them out), but device {ctx.device.id} at "
+                    f"{ctx.mesh.coords(ctx.position)} and the device at {ctx.mesh.coords(p)} hold "
+                    "different blocks. Reduce over those axes first (e.g. pw.psum), or name them in "
+                    "out_specs; set pathdask.check-replication to False to skip this check"
+                )
+
+
+def _digest(block: np.ndarray) -> int:
+    data = np.ascontiguousarray(block).reshape(-1).view(np.uint8).data
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def _read_inputs(rt: Host, prog: HostProgram, op: Op, dev: int) -> list[np.ndarray]:

@@ -28,6 +28,9 @@ class Host(Protocol):
     def abort_gang(self, prog: HostProgram, gang: GangSpec, cause: BaseException) -> None:
         """A member of ``gang`` failed: wake every member, here and on other hosts."""
 
+    def close_gang(self, pid: str, gang: GangSpec, device: int, collectives: int) -> None:
+        """``device``'s body returned after ``collectives`` collectives; raises on a mismatch."""
+
     def account(self, device: int, seconds: float) -> None:
         """Count ``seconds`` of modelled busy time on ``device``."""
 

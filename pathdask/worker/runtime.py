@@ -7,7 +7,7 @@ hosts. It is installed by the scheduler plugin under the name ``"pathdask"``.
 Threads and ownership:
 
 - the worker's event loop runs handlers, stream handlers and dispatch tasks;
-  it alone owns ``plans``, ``owned`` and the waiter lists;
+  it alone owns ``plans``, ``owned``, ``released_early`` and the waiter lists;
 - device threads run gangs (``device.py``); socket receivers deliver pieces;
 - state they share lives in objects that lock it themselves: the
   :class:`~pathdask.worker.ledger.Ledger`, the
@@ -23,13 +23,14 @@ import logging
 import random
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from typing import TYPE_CHECKING, Any
 
 import dask
 import numpy as np
 from dask.utils import parse_timedelta
 from distributed import WorkerPlugin
+from distributed.core import error_message
 from distributed.protocol import to_serialize
 
 from ..errors import DeviceLostError, DispatchError, GangAbortedError
@@ -96,6 +97,8 @@ class HostRuntime(WorkerPlugin):
         self.plans = PlanCache(worker.address)
         #: (program, output index) -> (value id, device) pairs its Dask key owns here
         self.owned: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
+        #: output keys the scheduler forgot before their program registered here
+        self.released_early: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._program_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._gates_lock = threading.Lock()
@@ -147,8 +150,19 @@ class HostRuntime(WorkerPlugin):
             self.release_output(pid, index)
 
     def release_output(self, pid: str, index: int) -> None:
-        """Drop the ownership of output ``index`` of ``pid`` on this host."""
-        for vid, dev in self.owned.pop((pid, index), ()):
+        """Drop the ownership of output ``index`` of ``pid`` on this host.
+
+        The scheduler may forget an output key before the program's dispatch
+        registered here (its client closed meanwhile): then the registration
+        must not take the ownership, so it is remembered until it comes.
+        """
+        pairs = self.owned.pop((pid, index), None)
+        if pairs is None:
+            self.released_early[(pid, index)] = None
+            while len(self.released_early) > 100_000:
+                self.released_early.popitem(last=False)
+            return
+        for vid, dev in pairs:
             self.store.release((pid, vid), dev)
 
     # -- control: plans, order and dispatch --------------------------------------
@@ -204,6 +218,8 @@ class HostRuntime(WorkerPlugin):
             return  # dropped, or its client closed, before its dispatch came
         self._count_reads(prog, +1)
         for k, pairs in plan.owned.items():
+            if self.released_early.pop((pid, k), "kept") is None:
+                continue  # its key is gone already: nothing owns these buffers
             for vid, dev in pairs:
                 self.store.declare((pid, vid), dev, owned=True)
             self.owned[(pid, k)] = pairs
@@ -303,7 +319,7 @@ class HostRuntime(WorkerPlugin):
         for dst, value in sends.items():
             key = (pid, gang, seq, dst.id)
             if dst.address == self.address:
-                self.mailbox.deliver(key, me.id, value)
+                self._deliver(key, me.id, value)
             else:
                 remote[dst.address].append((key, me.id, value))
         for addr, pieces in remote.items():
@@ -328,17 +344,32 @@ class HostRuntime(WorkerPlugin):
 
     def on_xfer(self, pieces: list[Any]) -> None:
         for key, src, value in pieces:
-            self.mailbox.deliver(tuple(key), src, value)  # type: ignore[arg-type]
+            self._deliver(tuple(key), src, value)  # type: ignore[arg-type]
+
+    def _deliver(self, key: tuple[str, int, int, int], src: int, value: np.ndarray) -> None:
+        mismatch = self.mailbox.deliver(key, src, value)
+        if mismatch is not None:  # the destination returned without this collective: fail the gang
+            self.abort(key[0], key[1], mismatch.hosts, mismatch.error())
+
+    def close_gang(self, pid: str, gang: GangSpec, device: int, collectives: int) -> None:
+        """``device``'s body of ``gang`` returned after ``collectives`` collectives (device thread)."""
+        hosts = frozenset(m.address for m in gang.members)
+        mismatch = self.mailbox.close_gang(pid, gang.index, device, collectives, gang.name, hosts)
+        if mismatch is not None:
+            raise mismatch.error()
 
     # -- failures and cancellation ----------------------------------------------
     def abort_gang(self, prog: HostProgram, gang: GangSpec, cause: BaseException) -> None:
         """A member of ``gang`` failed: wake every member, here and on other hosts."""
-        self.mailbox.abort_gang(prog.pid, gang.index, cause)
-        for addr in {m.address for m in gang.members} - {self.address} - self.peers.lost:
+        self.abort(prog.pid, gang.index, {m.address for m in gang.members}, cause)
+
+    def abort(self, pid: str, gang: int, hosts: set[str] | frozenset[str], cause: BaseException) -> None:
+        self.mailbox.abort_gang(pid, gang, cause)
+        for addr in set(hosts) - {self.address} - self.peers.lost:
             try:
-                self.peers.send(addr, "abort", prog.pid, gang.index, _picklable(cause))
+                self.peers.send(addr, "abort", pid, gang, _picklable(cause))
             except Exception:  # the peer is gone: it has nothing to wake
-                logger.warning("pathdask: could not tell host %s that gang %s failed", addr, gang.name)
+                logger.warning("pathdask: could not tell host %s that gang %d of %s failed", addr, gang, pid)
 
     def on_abort(self, pid: str, gang: int, cause: BaseException) -> None:
         self.mailbox.abort_gang(pid, gang, cause)
@@ -383,15 +414,22 @@ class HostRuntime(WorkerPlugin):
     def account(self, device: int, seconds: float) -> None:
         self.streams[device].busy_s += seconds
 
-    async def fetch(self, buffers: list[tuple[str, int, int]]) -> list[Any]:
-        """The values of program buffers on this host, once computed (client ``.result()``)."""
-        out = []
-        for pid, vid, dev in buffers:
-            cause = self.ledger.dropped(pid)
-            if cause is not None:
-                raise cause
-            out.append(to_serialize(await self.store.wait_value((pid, vid), dev)))
-        return out
+    async def fetch(self, buffers: list[tuple[str, int, int]]) -> dict[str, Any]:
+        """The values of program buffers on this host, once computed (client ``.result()``).
+
+        A failed program is an answer, not a handler error: ``{"error": ...}`` carries the
+        exception (``error_message``) for the client to raise, and nothing is logged here.
+        """
+        try:
+            out = []
+            for pid, vid, dev in buffers:
+                cause = self.ledger.dropped(pid)
+                if cause is not None:
+                    raise cause
+                out.append(to_serialize(await self.store.wait_value((pid, vid), dev)))
+            return {"values": out}
+        except Exception as e:
+            return {"error": error_message(e)}
 
     def stats(self) -> dict[str, Any]:
         return host_stats(self)

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,28 @@ class Aborted(GangAbortedError):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(f"gang aborted: {cause!r}")
         self.cause = cause
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A device finished its gang's body having called ``collectives`` collectives, and
+    device ``src`` sent it a piece of a later one: the gang can never complete."""
+
+    key: SlotKey
+    src: int
+    collectives: int
+    name: str
+    hosts: frozenset[str]
+
+    def error(self) -> GangAbortedError:
+        pid, _, seq, dst = self.key
+        return GangAbortedError(
+            f"Devices of gang {self.name!r} (program {pid}) called different collectives: device "
+            f"{dst} returned from the body after {self.collectives} collective(s), while device "
+            f"{self.src} called collective #{seq + 1}. Every device of a gang must call the same "
+            "collectives in the same order; do not put a collective under a condition on "
+            "axis_index or on data"
+        )
 
 
 class Mailbox:
@@ -51,13 +74,34 @@ class Mailbox:
         self.finished: OrderedDict[str, None] = OrderedDict()
         #: device -> (exchange key, sources, since) while it waits in ``collect``
         self.waits: dict[int, tuple[SlotKey, set[int], float]] = {}
+        #: (program, gang, device) -> (collectives the device's body called, gang name, member
+        #: hosts) once its body returned; a piece for a later collective is a mismatch
+        self.closed: OrderedDict[tuple[str, int, int], tuple[int, str, frozenset[str]]] = OrderedDict()
 
-    def deliver(self, key: SlotKey, src: int, value: np.ndarray) -> None:
+    def deliver(self, key: SlotKey, src: int, value: np.ndarray) -> Mismatch | None:
+        """Hand a piece to its device; a :class:`Mismatch` if that device will never collect it."""
         with self.cond:
+            closed = self.closed.get((key[0], key[1], key[3]))
+            if closed is not None and key[2] >= closed[0]:
+                return Mismatch(key, src, *closed)
             if key[0] in self.finished:
-                return
+                return None  # its gang was aborted on this host: nothing waits for it
             self.slots.setdefault(key, {})[src] = value
             self.cond.notify_all()
+            return None
+
+    def close_gang(self, program: str, gang: int, device: int, collectives: int, name: str,
+                   hosts: frozenset[str]) -> Mismatch | None:
+        """``device``'s body returned after ``collectives`` collectives; a piece that already
+        came for a later one (a peer called a collective this device never will) is a mismatch."""
+        with self.cond:
+            self.closed[(program, gang, device)] = (collectives, name, hosts)
+            while len(self.closed) > 100_000:
+                self.closed.popitem(last=False)
+            for key, got in self.slots.items():
+                if key[:2] == (program, gang) and key[3] == device and key[2] >= collectives:
+                    return Mismatch(key, min(got), collectives, name, hosts)
+            return None
 
     def check(self, program: str, gang: int) -> BaseException | None:
         """The cause if this gang or its program was aborted, else ``None``."""
