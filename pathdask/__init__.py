@@ -22,6 +22,7 @@ from .collectives import (
     psum,
 )
 from .errors import (
+    ClientClosedError,
     DeviceLostError,
     DeviceOutOfMemoryError,
     DispatchError,
@@ -44,6 +45,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client",
+    "ClientClosedError",
     "DeviceLostError",
     "DeviceOutOfMemoryError",
     "DispatchError",

@@ -8,6 +8,7 @@ was expected, what came, and what to do about it.
 from __future__ import annotations
 
 __all__ = [
+    "ClientClosedError",
     "DeviceLostError",
     "DeviceOutOfMemoryError",
     "DispatchError",
@@ -69,3 +70,7 @@ class KernelOutputError(TypeError):
 
 class ReplicationError(ValueError):
     """A replicated output (its out_spec leaves a mesh axis out) differs between devices."""
+
+
+class ClientClosedError(RuntimeError):
+    """The client that made an array or mesh is closed; its device buffers were freed."""

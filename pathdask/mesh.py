@@ -40,6 +40,8 @@ class Mesh:
     axes: tuple[tuple[str, int], ...]
     devices: tuple[DeviceInfo, ...]
     slice_id: str = field(default="", compare=False)
+    #: the id of the client whose slice this is; meshes of different clients never compare equal
+    client: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "axes", check_shape(dict(self.axes)))
@@ -49,8 +51,9 @@ class Mesh:
             )
 
     @classmethod
-    def create(cls, shape: Mapping[str, int], devices: list[DeviceInfo], slice_id: str = "") -> Mesh:
-        return cls(check_shape(shape), tuple(devices), slice_id)
+    def create(cls, shape: Mapping[str, int], devices: list[DeviceInfo], slice_id: str = "",
+               client: str = "") -> Mesh:
+        return cls(check_shape(shape), tuple(devices), slice_id, client)
 
     @functools.cached_property
     def shape(self) -> dict[str, int]:

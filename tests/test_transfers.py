@@ -31,11 +31,3 @@ def test_transports(transport):
             assert links["ici"]["bytes"] > 0 and links["same_host"]["bytes"] > 0
             del a, gathered, moved
         assert_clean(system)
-
-
-def test_unknown_transport_is_an_error():
-    with dask.config.set({"pathdask.transport": "carrier-pigeon"}), \
-            pytest.raises(RuntimeError, match="must be .socket. or .dask."):
-        with pw.LocalSystem(pw.Topology(islands=1, hosts_per_island=1), processes=False,
-                            dashboard_address=None):
-            pass

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ..errors import ClientClosedError
 from ..mesh import Mesh
 from ..sharding import Sharding
 from ..spec import PartitionSpec
@@ -24,10 +25,15 @@ class ArrayOwner(Protocol):
     """What a ``ShardedArray`` needs from the client that made it (``Client`` is one)."""
 
     _lock: threading.Lock
+    _closed: bool
+    name: str
     topology: Topology
 
     def _fetch(self, array: ShardedArray, timeout: Any = None) -> np.ndarray:
         """Gather the array's shards from their hosts."""
+
+    def _status(self, array: ShardedArray) -> str:
+        """Ask the hosts how the array's shards are."""
 
     def _run(self, program: Any, arrays: tuple[ShardedArray, ...]) -> Any:
         """Dispatch a traced ``Program`` on these arrays."""
@@ -79,17 +85,18 @@ class ShardedArray:
         return (self._pid, self._vid)
 
     def __repr__(self) -> str:
-        state = "deleted" if self._deleted else self.status
         return (f"ShardedArray(shape={self.shape}, dtype={self.dtype}, spec={self.spec}, "
-                f"mesh={self.mesh.shape}, {state})")
+                f"mesh={self.mesh.shape}{', deleted' if self._deleted else ''})")
 
     @property
     def status(self) -> str:
-        """``pending``, ``dispatched`` (on every host) or ``error`` (dispatch failed)."""
-        states = {f.status for f in self._futures.values()}
-        if "error" in states:
-            return "error"
-        return "dispatched" if states <= {"finished"} else "pending"
+        """``pending``, ``ready`` (computed on every device), ``error`` (its program failed),
+        ``deleted``, or ``closed`` (its client is). Asks the hosts; it does not wait."""
+        if self._deleted:
+            return "deleted"
+        if self.client._closed:
+            return "closed"
+        return self.client._status(self)
 
     # -- data ------------------------------------------------------------------
     def result(self, timeout: Any = None) -> np.ndarray:
@@ -104,11 +111,26 @@ class ShardedArray:
         out = self.result()
         return out if dtype is None else out.astype(dtype, copy=False)
 
-    def to_xarray(self) -> xr.DataArray:
-        """The result as an ``xarray.DataArray``, with the dims and coords it came in with."""
+    def to_xarray(self, dims: Any = None, coords: Any = None, name: Any = None,
+                  attrs: dict[str, Any] | None = None) -> xr.DataArray:
+        """The result as an ``xarray.DataArray``.
+
+        Its labels are those given here, else those it carries: the dims, coords,
+        name and attrs of the DataArray it was ``put`` from, or of the program
+        input of the same shape that it came from.
+
+        Examples
+        --------
+        >>> y.to_xarray(dims=("time", "space"), coords={"time": [0, 1, 2, 3]})  # doctest: +SKIP
+        """
         import xarray as xr
 
-        meta = self._xarray or {"dims": tuple(f"dim_{i}" for i in range(self.ndim))}
+        meta = dict(self._xarray or {"dims": tuple(f"dim_{i}" for i in range(self.ndim))})
+        if dims is not None:
+            meta = {"dims": tuple(dims)}  # new dims: the old coords would not fit them
+        for key, value in (("coords", coords), ("name", name), ("attrs", attrs)):
+            if value is not None:
+                meta[key] = value
         return xr.DataArray(self.result(), **meta)
 
     def delete(self) -> None:
@@ -133,3 +155,8 @@ class ShardedArray:
     def _check_alive(self) -> None:
         if self._deleted:
             raise RuntimeError("This ShardedArray was deleted; its device buffers are gone")
+        if self.client._closed:
+            raise ClientClosedError(
+                f"The client {self.client.name!r} that made this array is closed, so its device "
+                "buffers were freed. Keep the client open while you use its arrays"
+            )

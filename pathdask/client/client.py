@@ -17,7 +17,7 @@ from distributed.core import clean_exception
 from distributed.protocol import to_serialize
 
 from ..diagnosis import Diagnosis
-from ..errors import DeviceLostError, ShardingError, SliceTooLargeError
+from ..errors import ClientClosedError, DeviceLostError, MeshError, ShardingError
 from ..mesh import Mesh, check_shape
 from ..ops import PLANS_PER_CLIENT, GangSpec, HostPlan, OutSpec, PutOp
 from ..sharding import Sharding
@@ -101,9 +101,21 @@ class Client:
             self.dask.scheduler.pathdask_mesh, client=self.id, shape=dict(shape), island=island, hints=hints
         )
         if "error" in reply:
-            raise (ValueError if reply.get("type") == "ValueError" else SliceTooLargeError)(reply["error"])
+            _raise(reply["error"])
         infos = [DeviceInfo(DeviceId(i), isl, h, ix, addr) for i, isl, h, ix, addr in reply["devices"]]
-        return Mesh.create(dict(shape), infos, reply["slice"])
+        return Mesh.create(dict(shape), infos, reply["slice"], self.id)
+
+    def _check_meshes(self, meshes: list[Mesh]) -> None:
+        """Slices belong to the client that asked for them (and to its system)."""
+        for mesh in dict.fromkeys(meshes):
+            if mesh.client != self.id:
+                owner = f"client {mesh.client}" if mesh.client else "no pathdask client"
+                raise MeshError(
+                    f"Mesh {mesh.shape} (slice {mesh.slice_id or '-'}) belongs to {owner}, not to "
+                    f"client {self.name!r} ({self.id}), perhaps of another system. A slice belongs "
+                    "to the client that asked for it: ask this client for its own mesh with "
+                    "client.mesh(...), and move arrays between clients through NumPy"
+                )
 
     def devices(self) -> list[dict[str, Any]]:
         """Every device with its island, host, slices and state."""
@@ -150,6 +162,7 @@ class Client:
             spec = PartitionSpec()
         if not isinstance(spec, PartitionSpec):
             raise ShardingError(f"spec must be a PartitionSpec for a NumPy array, got {spec!r}")
+        self._check_meshes([mesh])
         data = np.asarray(array)
         if data.dtype == object:
             raise TypeError("client.put needs a numeric array; got an array of Python objects")
@@ -173,6 +186,7 @@ class Client:
     def _run(self, program: Program, arrays: tuple[ShardedArray, ...]) -> Any:
         for a in arrays:
             a._check_alive()
+        self._check_meshes([v.mesh for v in program.values])
         plans = lower(program)
         pid = uuid.uuid4().hex
         futures = self._dispatch(pid, plans, tuple(a.key for a in arrays), arrays, program)
@@ -182,14 +196,15 @@ class Client:
                 outs.append(arrays[vid])
                 continue
             v = program.values[vid]
-            outs.append(ShardedArray(self, pid, vid, v.shape, v.dtype, v.mesh, v.spec, futures[j]))
+            outs.append(ShardedArray(self, pid, vid, v.shape, v.dtype, v.mesh, v.spec, futures[j],
+                                     _labels_for(v.shape, arrays)))
         return tuple(outs) if program.multiple_outputs else outs[0]
 
     def _dispatch(self, pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, int], ...],
                   keepalive: tuple[ShardedArray, ...], program: Program | None = None) -> dict[int, dict[str, Any]]:
         """Submit one program as one graph; returns output futures per output and host."""
         if self._closed:
-            raise RuntimeError(f"Client {self.name!r} is closed")
+            raise ClientClosedError(f"Client {self.name!r} is closed; open a new one with system.client(...)")
         mode = dask.config.get("pathdask.dispatch")
         if mode not in ("parallel", "sequential"):
             raise ValueError(f"pathdask.dispatch must be 'parallel' or 'sequential', got {mode!r}")
@@ -273,14 +288,32 @@ class Client:
         for f in futures:
             f.add_done_callback(done)
 
-    def _fetch(self, array: ShardedArray, timeout: Any = None) -> np.ndarray:
-        seconds = parse_timedelta(timeout) if timeout is not None else None
-        sharding = array.sharding
+    def _shards(self, array: ShardedArray) -> dict[str, list[tuple[int, tuple[str, int, int]]]]:
+        """Per host, (mesh position, buffer) of one copy of each distinct block of ``array``."""
         want: dict[str, list[tuple[int, tuple[str, int, int]]]] = {}
-        for positions in sharding.positions_by_block().values():
+        for positions in array.sharding.positions_by_block().values():
             p = positions[0]
             dev = array.mesh.devices[p]
             want.setdefault(dev.address, []).append((p, (array._pid, array._vid, dev.id)))
+        return want
+
+    def _status(self, array: ShardedArray) -> str:
+        """``error`` if any shard failed, ``ready`` once all are computed, else ``pending``."""
+        async def ask() -> list[list[str]]:
+            return list(await asyncio.gather(*(
+                self.dask.rpc(addr).pathdask_status(buffers=[b for _, b in items])
+                for addr, items in self._shards(array).items())))
+
+        try:
+            states = {s for reply in self.dask.sync(ask) for s in reply}
+        except OSError:
+            return "error"  # a host holding shards is gone
+        return "error" if "error" in states else "pending" if "pending" in states else "ready"
+
+    def _fetch(self, array: ShardedArray, timeout: Any = None) -> np.ndarray:
+        seconds = parse_timedelta(timeout) if timeout is not None else None
+        sharding = array.sharding
+        want = self._shards(array)
 
         async def fetch_from(addr: str, buffers: list[tuple[str, int, int]]) -> list[np.ndarray]:
             try:
@@ -290,9 +323,7 @@ class Client:
                     f"Host {addr}, which holds shards of this array, is gone ({type(e).__name__}: {e})"
                 ) from e
             if "error" in reply:
-                _, exc, tb = clean_exception(**reply["error"])
-                assert exc is not None
-                raise exc.with_traceback(tb)
+                _raise(reply["error"])
             return list(reply["values"])
 
         async def gather() -> list[list[np.ndarray]]:
@@ -356,6 +387,22 @@ class Client:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _labels_for(shape: tuple[int, ...], arrays: tuple[ShardedArray, ...]) -> dict[str, Any] | None:
+    """xarray in, xarray out: an output keeps the dims and coords of the first labelled input
+    of its shape (its name and attrs describe the input, so they stay behind)."""
+    for a in arrays:
+        if a._xarray is not None and a.shape == shape:
+            return {"dims": a._xarray["dims"], "coords": a._xarray.get("coords")}
+    return None
+
+
+def _raise(error: dict[str, Any]) -> None:
+    """Raise the exception of an ``error_message`` reply, with its own type and traceback."""
+    _, exc, tb = clean_exception(**error)
+    assert exc is not None
+    raise exc.with_traceback(tb)
 
 
 def connect(address: str, *, name: str = "client", weight: float = 1.0, timeout: Any = "30s") -> Client:

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 import dask
 from dask.utils import parse_timedelta
 from distributed import SchedulerPlugin
+from distributed.core import clean_exception, error_message
+from distributed.protocol import Serialized, deserialize
 from distributed.protocol.pickle import dumps
 
-from ..errors import SliceTooLargeError
 from ..ops import DISPATCH_PREFIX, OUT_PREFIX
 from ..topology import Topology
 from .order import IslandScheduler, Submission, make_policy
@@ -77,7 +78,7 @@ class PathwaysScheduler(SchedulerPlugin):
         self.order = IslandScheduler(self.policy)
         self.clients: dict[str, dict[str, Any]] = {}
         self.hosts_changed = asyncio.Condition()
-        self.host_failures: dict[str, str] = {}
+        self.host_failures: dict[str, dict[str, Any]] = {}  # address -> error_message
         self.output_owners: dict[Any, str] = {}  # output key -> address of the host it owns buffers on
         for name in HANDLERS:
             scheduler.handlers[name] = getattr(self, name[len("pathdask_"):])
@@ -100,9 +101,9 @@ class PathwaysScheduler(SchedulerPlugin):
             "dispatch_jitter": self.dispatch_jitter,
         }
 
-    async def host_failed(self, address: str, error: str) -> None:
-        """A worker's host runtime could not start; waiters learn it at once."""
-        logger.error("pathdask: the host runtime on %s failed to start: %s", address, error)
+    async def host_failed(self, address: str, error: dict[str, Any]) -> None:
+        """A worker's host runtime could not start; waiters learn it at once, with its error."""
+        logger.error("pathdask: the host runtime on %s failed to start: %s", address, error.get("exception_text"))
         self.resources.remove_host(address)
         self.host_failures[address] = error
         async with self.hosts_changed:
@@ -125,8 +126,13 @@ class PathwaysScheduler(SchedulerPlugin):
                     f"Only {len(self.resources.hosts)} of {n} pathdask hosts registered within "
                     f"{seconds:g}s; check that every worker runs the pathdask preload"
                 ) from None
-        if self.host_failures:
-            raise RuntimeError(f"pathdask host runtime(s) failed to start: {self.host_failures}")
+        for address, error in self.host_failures.items():
+            # the scheduler does not deserialize what handlers receive: unpack it here
+            error = {k: deserialize(v.header, v.frames) if isinstance(v, Serialized) else v
+                     for k, v in error.items()}
+            _, exc, tb = clean_exception(**error)
+            assert exc is not None
+            raise type(exc)(f"The pathdask host runtime on {address} failed to start: {exc}").with_traceback(tb)
         return len(self.resources.hosts)
 
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
@@ -180,8 +186,8 @@ class PathwaysScheduler(SchedulerPlugin):
              hints: dict[str, Any] | None = None) -> dict[str, Any]:
         try:
             sl, devices = self.resources.allocate(client, shape, island, **(hints or {}))
-        except (SliceTooLargeError, ValueError) as e:  # the user's mistake: answer it, no traceback
-            return {"error": str(e), "type": type(e).__name__}
+        except (ValueError, TypeError) as e:  # the user's mistake: answer it typed, no traceback logged
+            return {"error": error_message(e)}
         return {"slice": sl.id, "devices": [(d.id, d.island, d.host, d.index, d.address) for d in devices]}
 
     def release_slice(self, slice_id: str) -> None:

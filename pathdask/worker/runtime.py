@@ -66,7 +66,7 @@ class HostRuntime(WorkerPlugin):
             await self._setup(worker)
         except Exception as e:
             # Dask only logs a failing plugin; tell the scheduler so that start-up fails loudly.
-            await worker.scheduler.pathdask_host_failed(address=worker.address, error=f"{type(e).__name__}: {e}")
+            await worker.scheduler.pathdask_host_failed(address=worker.address, error=error_message(e))
             raise
 
     async def _setup(self, worker: Worker) -> None:
@@ -108,6 +108,7 @@ class HostRuntime(WorkerPlugin):
             pathdask_stream=self.peers.handle_stream,
             pathdask_plans=self.add_plans,
             pathdask_fetch=self.fetch,
+            pathdask_status=self.status,
             pathdask_stats=self.stats,
             pathdask_diagnose=self.diagnose,
             pathdask_wait_idle=self.wait_idle,
@@ -430,6 +431,11 @@ class HostRuntime(WorkerPlugin):
             return {"values": out}
         except Exception as e:
             return {"error": error_message(e)}
+
+    def status(self, buffers: list[tuple[str, int, int]]) -> list[str]:
+        """Per buffer ``pending``, ``ready`` or ``error``, without waiting."""
+        return ["error" if self.ledger.dropped(pid) is not None else self.store.state((pid, vid), dev)
+                for pid, vid, dev in buffers]
 
     def stats(self) -> dict[str, Any]:
         return host_stats(self)

@@ -229,6 +229,12 @@ class BufferStore:
             raise BufferFreedError(f"Buffer {key} on device {device} was freed before it was read")
         return value
 
+    def state(self, key: BufferKey, device: int) -> str:
+        """``pending`` (not computed, or not dispatched here yet), ``ready`` or ``error``."""
+        with self.cond:
+            buf = self.buffers.get((key[0], key[1], device))
+            return "pending" if buf is None else buf.state
+
     def memory_wait(self, device: int) -> tuple[int, float] | None:
         """(bytes, since) if ``device`` waits for frees to allocate, else ``None``."""
         with self.cond:
