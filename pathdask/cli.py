@@ -11,7 +11,19 @@ import click
 from . import SliceTooLargeError, TopologyError, __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """Ctrl-C ends any command with one line: the embedded cluster has been shut down in order
+    by then (its worker processes ignore SIGINT and leave with it)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("Interrupted; the cluster was shut down.", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="pathdask")
 def main() -> None:
     """pathdask: Pathways-style single-controller sharded computation on Dask."""

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from distributed import Client as DaskClient
-from distributed import LocalCluster
+from distributed import LocalCluster, Security
 
 from .client.client import Client
 from .diagnosis import Diagnosis
@@ -21,6 +25,24 @@ DEFAULT_TOPOLOGY = "local"
 def default_topology() -> Topology:
     """The packaged ``local`` topology (2 islands x 2 hosts x 2 devices)."""
     return Topology.load(DEFAULT_TOPOLOGY)
+
+
+@contextlib.contextmanager
+def _workers_ignore_interrupts(processes: bool) -> Iterator[None]:
+    """Worker processes started in here ignore SIGINT, as they inherit an ignored signal.
+
+    Ctrl-C in a terminal reaches every process of the foreground group; this
+    process then shuts the cluster down in order, instead of each worker dying
+    with its own traceback. A Ctrl-C while the workers start is ignored too.
+    """
+    if not processes or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class LocalSystem:
@@ -40,6 +62,10 @@ class LocalSystem:
     threads_per_worker : int, optional
         Dask threads per host; defaults to ``devices_per_host``, which sequential
         dispatch needs (one waiting task per device).
+    security : distributed.Security or bool, optional
+        Dask's security settings; ``True`` makes temporary certificates
+        (``Security.temporary()``). With TLS, Dask's comms and pathdask's
+        host-to-host transport both use it.
     ordering, dispatch_jitter
         Test-only switches, see :class:`~pathdask.scheduler.plugin.PathwaysScheduler`.
 
@@ -52,9 +78,10 @@ class LocalSystem:
     def __init__(self, topology: Topology | None = None, *, processes: bool = True,
                  dashboard_address: str | None = "127.0.0.1:0", threads_per_worker: int | None = None,
                  policy: str | None = None, ordering: bool = True, dispatch_jitter: float = 0.0,
-                 silence_logs: int = logging.ERROR,
+                 silence_logs: int = logging.ERROR, security: Security | bool | None = None,
                  **cluster_kwargs: Any) -> None:
         self.topology = topology or default_topology()
+        self.security = Security.temporary() if security is True else security or None
         self._plugin = PathwaysScheduler(self.topology, ordering=ordering, dispatch_jitter=dispatch_jitter,
                                          policy=policy)
         self._dashboard = dashboard_address is not None
@@ -67,7 +94,9 @@ class LocalSystem:
             n_workers=self.topology.num_hosts,
             # one Dask thread per device: sequential dispatch runs one task per device at once
             threads_per_worker=threads_per_worker or self.topology.devices_per_host,
-            processes=processes, host="127.0.0.1", protocol="tcp", dashboard_address=dashboard_address,
+            processes=processes, host="127.0.0.1", dashboard_address=dashboard_address,
+            protocol="tls" if self.security is not None and self.security.require_encryption else "tcp",
+            security=self.security,
             worker_dashboard_address=None, silence_logs=silence_logs, **cluster_kwargs,
         )
         self.cluster: LocalCluster | None = None
@@ -77,9 +106,10 @@ class LocalSystem:
     def start(self) -> LocalSystem:
         if self.cluster is not None:
             return self
-        self.cluster = LocalCluster(**self._cluster_kwargs)
+        with _workers_ignore_interrupts(self._cluster_kwargs["processes"]):
+            self.cluster = LocalCluster(**self._cluster_kwargs)
         try:
-            self._admin = DaskClient(self.cluster, set_as_default=False)
+            self._admin = DaskClient(self.cluster, set_as_default=False, security=self.security)
             self._admin.register_plugin(self._plugin, name="pathdask")
             self._admin.sync(self._admin.scheduler.pathdask_wait_hosts)
         except BaseException:
@@ -102,7 +132,7 @@ class LocalSystem:
 
     def client(self, name: str = "client", weight: float = 1.0) -> Client:
         """A new pathdask client (one tenant) connected to this system."""
-        c = Client(self.scheduler_address, name=name, weight=weight)
+        c = Client(self.scheduler_address, name=name, weight=weight, security=self.security)
         self._clients.append(c)
         return c
 

@@ -28,6 +28,8 @@ def test_bench_dispatch_small(tmp_path):
                 "pathdask_chained_1ms_fraction_of_ideal", "pipeline_parallel_over_sequential"):
         assert data["ratios"][key] is not None
     assert result["idle_gap_median_s"] is not None and result["idle_gap_median_s"] >= 0
+    tls = data["security"]["rates"]  # the same workload on a system with TLS everywhere
+    assert tls["OpByOp"] > 0 and tls["Chained"] > 0 and data["ratios"]["tls_over_plain_chained"] > 0
     assert "skipped" in data["ray"] or "0ms" in data["ray"]
 
 

@@ -51,6 +51,8 @@ class Config:
     microbatches: int = 16
     stage_cost: float = 1e-3
     ray: bool = True
+    #: also run pathdask on a system with TLS (Dask's Security.temporary(), needs cryptography)
+    security: bool = True
 
     @classmethod
     def small(cls) -> Config:
@@ -271,6 +273,9 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
 
         client.close()
 
+    # -- security: the same workload on a system with TLS everywhere ---------------------------
+    result["security"] = _secure_rates(cfg, topology, processes, rates["pathdask"], echo)
+
     # -- peers ------------------------------------------------------------------------------
     result["ray"] = {"skipped": "not requested (--no-ray)"}
     if cfg.ray:
@@ -297,6 +302,7 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
         "dask_over_pathdask_95pct_cost": _ratio(reach.get("dask OpByOp") or cfg.costs[-1] * 10,
                                                 reach.get("pathdask Chained")),
         "dask_reaches_95pct_within_sweep": reach.get("dask OpByOp") is not None,
+        "tls_over_plain_chained": result["security"].get("over_plain", {}).get("Chained"),
     }
     result["idle_gap_median_s"] = median(gaps)
     ray_cg = result.get("ray", {}).get("0ms", {}).get("ray_compiled_graph") if cfg.ray else None
@@ -317,6 +323,30 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
     write_json(f"{out}/dispatch.json", result)
     echo(f"wrote {out}/dispatch.json and {html}")
     return result
+
+
+def _secure_rates(cfg: Config, topology: Topology, processes: bool, plain: dict[str, float | None],
+                  echo: Echo) -> dict[str, Any]:
+    """pathdask's rates on a fresh system whose Dask comms and host transport use TLS."""
+    if not cfg.security:
+        return {"skipped": "not requested"}
+    try:
+        secure = LocalSystem(topology, processes=processes, dashboard_address=None, security=True).start()
+    except ImportError as e:  # Security.temporary() needs cryptography
+        echo(f"\nTLS: skipped ({e})")
+        return {"skipped": str(e)}
+    with secure:
+        client = secure.client(name="bench-tls")
+        mesh = client.mesh({"x": topology.devices_per_island}, island=0)
+        x = client.put(np.zeros(mesh.size), mesh, P("x"))
+        x.result()
+        rates = _rates(client, [d.address for d in mesh.devices], x, 0.0, cfg.computations, cfg,
+                       systems=("pathdask",), shapes=("OpByOp", "Chained"))["pathdask"]
+        client.close()
+    ratios = {shape: _ratio(rates[shape], plain.get(shape)) for shape in rates}
+    echo("\nWith TLS (Dask comms and the host transport): computations/s, and ratio to without")
+    echo(table(["shape", "TLS", "plain", "TLS/plain"], [[s, rates[s], plain.get(s), ratios[s]] for s in rates]))
+    return {"rates": rates, "over_plain": ratios}
 
 
 def _check(values: np.ndarray, k: int) -> None:

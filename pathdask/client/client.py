@@ -45,14 +45,17 @@ class Client:
         A name for this tenant, shown in stats and on the dashboard.
     weight : float
         Its weight under proportional share.
+    security : distributed.Security, optional
+        Dask's security settings, for a scheduler that uses TLS.
     """
 
     def __init__(self, address: str | DaskClient, *, name: str = "client", weight: float = 1.0,
-                 timeout: Any = "30s") -> None:
+                 timeout: Any = "30s", security: Any = None) -> None:
         if isinstance(address, DaskClient):
             self.dask, self._owns_dask = address, False
         else:
-            self.dask = DaskClient(address, set_as_default=False, timeout=parse_timedelta(timeout))
+            self.dask = DaskClient(address, set_as_default=False, timeout=parse_timedelta(timeout),
+                                   security=security)
             self._owns_dask = True
         self.name, self.weight = name, float(weight)
         self._inflight: dict[str, list[Any]] = {}
@@ -316,8 +319,11 @@ class Client:
         want = self._shards(array)
 
         async def fetch_from(addr: str, buffers: list[tuple[str, int, int]]) -> list[np.ndarray]:
+            gone = DeviceLostError(f"Host {addr}, which holds shards of this array, left the cluster")
             try:
-                reply = await self.dask.rpc(addr).pathdask_fetch(buffers=buffers)
+                reply = await _unless_gone(self.dask.rpc(addr).pathdask_fetch(buffers=buffers),
+                                           lambda: self.dask.scheduler.pathdask_wait_host_gone(address=addr),
+                                           gone)
             except OSError as e:  # CommClosedError is one
                 raise DeviceLostError(
                     f"Host {addr}, which holds shards of this array, is gone ({type(e).__name__}: {e})"
@@ -389,6 +395,39 @@ class Client:
         self.close()
 
 
+#: a fetch that takes longer than this also asks the scheduler whether its host has left
+#: (a dead host's address would otherwise take Dask's whole connect timeout to fail)
+HOST_CHECK_AFTER = 0.5
+
+
+async def _unless_gone(work: Any, gone_waiter: Any, gone: BaseException) -> Any:
+    """``await work``, unless the scheduler says first that its host left (then raise ``gone``).
+
+    Quick answers (the common case) never ask the scheduler.
+    """
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=HOST_CHECK_AFTER)
+    if done:
+        return task.result()
+    watcher = asyncio.ensure_future(gone_waiter())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        watcher.result()
+        raise gone
+    finally:
+        for t in (task, watcher):
+            if not t.done():
+                t.cancel()
+                t.add_done_callback(_consume)
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 def _labels_for(shape: tuple[int, ...], arrays: tuple[ShardedArray, ...]) -> dict[str, Any] | None:
     """xarray in, xarray out: an output keeps the dims and coords of the first labelled input
     of its shape (its name and attrs describe the input, so they stay behind)."""
@@ -405,7 +444,8 @@ def _raise(error: dict[str, Any]) -> None:
     raise exc.with_traceback(tb)
 
 
-def connect(address: str, *, name: str = "client", weight: float = 1.0, timeout: Any = "30s") -> Client:
+def connect(address: str, *, name: str = "client", weight: float = 1.0, timeout: Any = "30s",
+            security: Any = None) -> Client:
     """Attach to a running Dask cluster whose scheduler runs the pathdask plugin.
 
     The scheduler and workers are started with the dask CLI and pathdask's
@@ -415,4 +455,4 @@ def connect(address: str, *, name: str = "client", weight: float = 1.0, timeout:
     --------
     >>> client = connect("tcp://127.0.0.1:8786", name="alice")
     """
-    return Client(address, name=name, weight=weight, timeout=timeout)
+    return Client(address, name=name, weight=weight, timeout=timeout, security=security)

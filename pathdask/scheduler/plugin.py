@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -39,6 +40,7 @@ HANDLERS = (
     "pathdask_stats",
     "pathdask_diagnose",
     "pathdask_wait_hosts",
+    "pathdask_wait_host_gone",
     "pathdask_wait_idle",
     "pathdask_timeline",
     "pathdask_reset_observations",
@@ -79,7 +81,9 @@ class PathwaysScheduler(SchedulerPlugin):
         self.clients: dict[str, dict[str, Any]] = {}
         self.hosts_changed = asyncio.Condition()
         self.host_failures: dict[str, dict[str, Any]] = {}  # address -> error_message
-        self.output_owners: dict[Any, str] = {}  # output key -> address of the host it owns buffers on
+        self.output_owners: dict[Any, str] = {}
+        #: the secret hosts present to each other on the socket transport (sent over Dask comms)
+        self.transport_token = secrets.token_bytes(32)  # output key -> address of the host it owns buffers on
         for name in HANDLERS:
             scheduler.handlers[name] = getattr(self, name[len("pathdask_"):])
         scheduler.stream_handlers["pathdask-program-done"] = self.program_done
@@ -90,8 +94,7 @@ class PathwaysScheduler(SchedulerPlugin):
     # -- hosts ---------------------------------------------------------------
     async def register_host(self, address: str, requested: int | None = None) -> dict[str, Any]:
         rec = self.resources.add_host(address, requested)
-        async with self.hosts_changed:
-            self.hosts_changed.notify_all()
+        await self._hosts_changed()
         logger.info("pathdask: %s is island %d host %d", address, rec.island, rec.host)
         return {
             "topology": self.topology.to_dict(),
@@ -99,6 +102,7 @@ class PathwaysScheduler(SchedulerPlugin):
             "host": rec.host,
             "ordering": self.ordering,
             "dispatch_jitter": self.dispatch_jitter,
+            "transport_token": self.transport_token,
         }
 
     async def host_failed(self, address: str, error: dict[str, Any]) -> None:
@@ -106,8 +110,7 @@ class PathwaysScheduler(SchedulerPlugin):
         logger.error("pathdask: the host runtime on %s failed to start: %s", address, error.get("exception_text"))
         self.resources.remove_host(address)
         self.host_failures[address] = error
-        async with self.hosts_changed:
-            self.hosts_changed.notify_all()
+        await self._hosts_changed()
 
     async def wait_hosts(self, n: int | None = None, timeout: Any = "30s") -> int:
         """Wait until ``n`` hosts (default: all of the topology) have registered."""
@@ -135,11 +138,21 @@ class PathwaysScheduler(SchedulerPlugin):
             raise type(exc)(f"The pathdask host runtime on {address} failed to start: {exc}").with_traceback(tb)
         return len(self.resources.hosts)
 
+    async def wait_host_gone(self, address: str) -> None:
+        """Return once host ``address`` is not (or no longer) in the cluster."""
+        async with self.hosts_changed:
+            await self.hosts_changed.wait_for(lambda: address not in self.resources.hosts)
+
+    async def _hosts_changed(self) -> None:
+        async with self.hosts_changed:
+            self.hosts_changed.notify_all()
+
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
         """A host left: the programs that use its devices fail with DeviceLostError everywhere."""
         rec = self.resources.remove_host(worker)
         if rec is None:
             return
+        asyncio.ensure_future(self._hosts_changed())  # wakes clients waiting on it (wait_host_gone)
         affected = [s for s in self.order.inflight.values() if worker in s.hosts]
         waiting, slotted = self.order.host_lost(worker)
         affected += waiting

@@ -42,8 +42,8 @@ class Peers:
                  handle: Callable[[tuple[Any, ...]], None]) -> None:
         if kind not in TRANSPORTS:
             raise ValueError(f"pathdask.transport must be 'socket' or 'dask', got {kind!r}")
-        self.worker, self.loop = worker, loop
-        self.transport = SocketTransport(get_address_host(worker.address), handle) if kind == "socket" else None
+        self.worker, self.loop, self.kind, self.handle = worker, loop, kind, handle
+        self.transport: SocketTransport | None = None
         #: worker address -> its transport address; device threads fill it, under ``_lock``
         self.addresses: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -53,6 +53,17 @@ class Peers:
         # event loop only: Dask-comms streams to peers, and messages waiting for one to open
         self.streams: dict[str, BatchedSend] = {}
         self.backlog: dict[str, list[dict[str, Any]]] = defaultdict(list)
+
+    def start(self, token: bytes) -> None:
+        """Open the socket transport (if chosen) with the host token and Dask's TLS settings."""
+        if self.kind != "socket":
+            return
+        security = self.worker.security
+        self.transport = SocketTransport(
+            get_address_host(self.worker.address), self.handle, token,
+            security.get_listen_args("worker").get("ssl_context"),
+            security.get_connection_args("worker").get("ssl_context"),
+        )
 
     @property
     def address(self) -> str | None:

@@ -81,6 +81,7 @@ class HostRuntime(WorkerPlugin):
         reply = await worker.scheduler.pathdask_register_host(
             address=worker.address, requested=requested
         )
+        self.peers.start(reply["transport_token"])
         self.topology = Topology.from_dict(reply["topology"])
         self.island, self.host = reply["island"], reply["host"]
         self.ordering: bool = reply["ordering"]

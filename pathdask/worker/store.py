@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,8 @@ class BufferStore:
         self.loop = loop
         self._empty_waiters: list[asyncio.Future[Any]] = []
         self._declared_waiters: dict[StoreKey, list[asyncio.Future[Any]]] = {}
+        #: dropped programs -> why: a buffer of one that a later reader declares is born failed
+        self._dropped: OrderedDict[str, BaseException] = OrderedDict()
 
     # -- registration (dispatch time) --------------------------------------
     def declare(self, key: BufferKey, device: int, *, owned: bool = False, consumers: int = 0) -> None:
@@ -74,6 +77,9 @@ class BufferStore:
             buf = self.buffers.get(skey)
             if buf is None:
                 buf = self.buffers[skey] = Buffer(skey, key[0])
+                cause = self._dropped.get(key[0])
+                if cause is not None:  # its producer was dropped: it will never be computed
+                    buf.state, buf.error = "error", cause
                 for fut in self._declared_waiters.pop(skey, ()):
                     self.loop.call_soon_threadsafe(resolve, fut)
             buf.owners += int(owned)
@@ -180,6 +186,9 @@ class BufferStore:
         computed), so that their readers learn why, until the key is released.
         """
         with self.cond:
+            self._dropped[program] = error
+            while len(self._dropped) > 100_000:
+                self._dropped.popitem(last=False)
             for skey in [k for k in self._declared_waiters if k[0] == program]:
                 for fut in self._declared_waiters.pop(skey):
                     self.loop.call_soon_threadsafe(fail, fut, error)
@@ -255,7 +264,14 @@ class BufferStore:
             self.loop.call_soon_threadsafe(resolve, fut)
 
     def _maybe_free(self, buf: Buffer) -> None:
-        if buf.state != "pending" and buf.refs <= 0 and buf.owners <= 0:
+        """Free a buffer nothing wants any more: no reader to come and no key that owns it.
+
+        A pending one goes too: it was declared by readers of a program that never
+        came here (its client closed first), or its producer will find it gone on
+        ``put`` and give the bytes back.
+        """
+        if buf.refs <= 0 and buf.owners <= 0:
+            self._wake(buf)  # a waiting fetch learns that it is gone
             self._free(buf)
 
     def _free(self, buf: Buffer) -> None:

@@ -8,13 +8,21 @@ other through a Dask handler (``pathdask_transport``) on the worker, so the
 connection follows Dask's own worker addresses. Pickle protocol 5 sends NumPy
 buffers out of band, without copies. ``pathdask.transport: dask`` switches back to
 Dask's comms (one-way batched streams), which the benchmarks compare.
+
+Security follows Dask's own settings. Every connection opens with a secret
+token that the scheduler plugin gave each host when it registered (over Dask's
+comms); a peer without it is cut off before anything it sends is unpickled.
+When Dask uses TLS, the connections are TLS too, with the worker's own
+certificates and contexts (``Security.get_listen_args``/``get_connection_args``).
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import pickle
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import Callable
@@ -47,10 +55,18 @@ class SocketTransport:
         Interface to listen on (the worker's own host).
     handle : callable
         Called in a receiver thread with each message object that arrives.
+    token : bytes
+        The secret every peer presents first; connections without it are closed.
+    server_tls, client_tls : ssl.SSLContext, optional
+        TLS contexts for accepted and opened connections (both or neither).
     """
 
-    def __init__(self, host: str, handle: Callable[[Any], None]) -> None:
+    def __init__(self, host: str, handle: Callable[[Any], None], token: bytes,
+                 server_tls: ssl.SSLContext | None = None, client_tls: ssl.SSLContext | None = None) -> None:
         self.handle = handle
+        self.token = token
+        self.server_tls, self.client_tls = server_tls, client_tls
+        self.rejected = 0  # connections closed for a wrong token or a failed TLS handshake
         self.listener = socket.create_server((host, 0))
         host, port = self.listener.getsockname()[:2]
         self.address = f"{host}:{port}"
@@ -86,6 +102,9 @@ class SocketTransport:
                     host, port = peer.rsplit(":", 1)
                     sock = socket.create_connection((host, int(port)))
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    if self.client_tls is not None:
+                        sock = self.client_tls.wrap_socket(sock)
+                    sock.sendall(self.token)
                     entry = self.peers[peer] = (sock, threading.Lock())
         return entry
 
@@ -97,12 +116,33 @@ class SocketTransport:
             except OSError:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.conns.append(conn)
             t = threading.Thread(target=self._receive, args=(conn,), name="pathdask-recv", daemon=True)
             self.threads.append(t)
             t.start()
 
-    def _receive(self, conn: socket.socket) -> None:
+    def _authenticate(self, conn: socket.socket) -> socket.socket | None:
+        """The connection, after TLS and the token check; ``None`` if the peer failed either."""
+        try:
+            if self.server_tls is not None:
+                conn = self.server_tls.wrap_socket(conn, server_side=True)
+            token = bytes(_recv_exact(conn, len(self.token)))
+        except (ssl.SSLError, ConnectionError, OSError) as e:
+            logger.warning("pathdask: refused a peer connection (%s: %s)", type(e).__name__, e)
+            self.rejected += 1
+            return None
+        if not hmac.compare_digest(token, self.token):
+            logger.warning("pathdask: refused a peer connection that did not present the host token")
+            self.rejected += 1
+            return None
+        with self.lock:
+            self.conns.append(conn)
+        return conn
+
+    def _receive(self, raw: socket.socket) -> None:
+        conn = self._authenticate(raw)
+        if conn is None:
+            raw.close()
+            return
         try:
             while not self.closing:
                 size, nbuf = _HEADER.unpack(_recv_exact(conn, _HEADER.size))
@@ -121,7 +161,9 @@ class SocketTransport:
 
     def close(self) -> None:
         self.closing = True
-        for s in [self.listener, *self.conns, *(p[0] for p in self.peers.values())]:
+        with self.lock:
+            socks = [self.listener, *self.conns, *(p[0] for p in self.peers.values())]
+        for s in socks:
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
