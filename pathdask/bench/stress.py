@@ -14,7 +14,8 @@ devices, 64 MiB of HBM each) and draws, from ``random.Random(seed * 1000 + run)`
   the other mesh and changes of partition spec), some reused (cached plans), some
   fed the previous program's still pending output;
 - with ``chaos``: clients that ``close()`` mid-stream (threads) or are SIGKILLed
-  mid-stream (processes), and, with worker processes, one SIGKILLed worker.
+  mid-stream (processes), one host whose next dispatch fails, and, with worker
+  processes, one SIGKILLed worker.
 
 Every result is compared with a NumPy reference computed alongside. Programs hit
 by chaos may fail, but only with ``DeviceLostError``, ``GangAbortedError``,
@@ -109,6 +110,8 @@ class Config:
         Chance, per process client, that it is SIGKILLed mid-stream.
     worker_kill : float
         Chance, per run with ``processes``, that one worker process is SIGKILLed.
+    dispatch_fail : float
+        Chance, per run, that one host's next dispatch fails mid-stream.
     """
 
     runs: int = 20
@@ -126,6 +129,7 @@ class Config:
     client_chaos: float = 0.25
     process_kill: float = 0.5
     worker_kill: float = 0.5
+    dispatch_fail: float = 0.3
 
     @classmethod
     def small(cls) -> Config:
@@ -160,6 +164,7 @@ class RunPlan:
     clients: list[ClientPlan]
     kill_worker_after: int | None = None  # SIGKILL a worker once this many programs ended (and all started)
     victim: int = 0  # which worker, as an index into the sorted worker addresses
+    fail_dispatch_after: int | None = None  # one host's next dispatch fails once this many ended
 
 
 # -- random programs and their NumPy meaning ------------------------------------------------------
@@ -473,8 +478,10 @@ def _reader(conn: Connection, index: int, state: RunState) -> None:
         state.apply(index, kind, data)
 
 
-class WorkerKiller:
-    """SIGKILLs one worker process (started by the LocalSystem) once enough programs ended."""
+class Agent:
+    """Strikes one host of a run's system once enough programs ended (see ``fire``)."""
+
+    kind = ""
 
     def __init__(self, system: LocalSystem, after: int, victim: int, state: RunState) -> None:
         from distributed import Client as DaskClient
@@ -484,20 +491,54 @@ class WorkerKiller:
         self.address = sorted(pids)[victim % len(pids)]
         self.pid = int(pids[self.address])
         self.island = next(d["island"] for d in system.devices() if d["address"] == self.address)
-        self.after, self.state, self.killed = after, state, False
+        self.after, self.state, self.fired = after, state, False
 
-    def maybe_kill(self, ended: int) -> None:
-        if self.killed or ended < self.after:
+    def maybe_fire(self, ended: int) -> None:
+        if self.fired or ended < self.after:
             return
-        self.killed = True
-        self.state.chaos("kill-worker", host=self.address, island=self.island)
+        self.fired = True
+        self.state.chaos(self.kind, host=self.address, island=self.island)
+        with contextlib.suppress(OSError, KeyError):  # the host left already: nothing to strike
+            self.fire()
+
+    def fire(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.dask.close()
+
+
+class WorkerKiller(Agent):
+    """SIGKILLs one worker process (started by the LocalSystem)."""
+
+    kind = "kill-worker"
+
+    def fire(self) -> None:
         os.kill(self.pid, signal.SIGKILL)  # a worker of our own LocalSystem, by its PID
 
     def wait_hosts(self) -> None:
         self.dask.sync(self.dask.scheduler.pathdask_wait_hosts, timeout="60s")
 
-    def close(self) -> None:
-        self.dask.close()
+
+def _fail_next_dispatch(dask_worker: Any) -> None:
+    """On a worker: its host's next dispatch fails (the program must end on every host)."""
+    rt = dask_worker.plugins["pathdask"]
+    real = rt.dispatch
+
+    async def failing(*args: Any, **kwargs: Any) -> Any:
+        rt.dispatch = real
+        raise DispatchError("injected by pathdask bench stress: this host's dispatch failed")
+
+    rt.dispatch = failing
+
+
+class DispatchFailer(Agent):
+    """Makes the next dispatch on one host fail."""
+
+    kind = "fail-dispatch"
+
+    def fire(self) -> None:
+        self.dask.run(_fail_next_dispatch, workers=[self.address])
 
 
 def bounded(fn: Callable[[], Any], seconds: float) -> Any:
@@ -534,6 +575,7 @@ class Run:
         self.procs: dict[int, Any] = {}
         self.clients: list[Any] = []  # the thread clients, to close them after a hang
         self.killer: WorkerKiller | None = None
+        self.failer: DispatchFailer | None = None
 
     def _thread_client(self, plan: ClientPlan) -> Any:
         c = self.system.client(name=plan.name, weight=plan.weight)
@@ -545,6 +587,9 @@ class Run:
 
         if self.plan.kill_worker_after is not None:
             self.killer = WorkerKiller(self.system, self.plan.kill_worker_after, self.plan.victim, self.state)
+        if self.plan.fail_dispatch_after is not None:
+            self.failer = DispatchFailer(self.system, self.plan.fail_dispatch_after, self.plan.victim + 1,
+                                         self.state)
         ctx = multiprocessing.get_context("spawn")
         for c in self.plan.clients:
             if c.process:
@@ -584,8 +629,9 @@ class Run:
                 idle, ended, timeouts = time.time() - st.last_progress, st.ended, list(st.timeouts)
             for index in requests:
                 self._kill_client(index)
-            if self.killer is not None and all_started and not done:
-                self.killer.maybe_kill(ended)
+            for agent in (self.killer, self.failer):
+                if agent is not None and all_started and not done:
+                    agent.maybe_fire(ended)
             if timeouts:
                 return f"a result waited more than {self.result_timeout:g}s: {timeouts[0]}"
             if done:
@@ -616,7 +662,7 @@ class Run:
     def leftover(self) -> tuple[int, str | None]:
         """Bytes left in the stores once every client closed (and the error, if not idle)."""
         try:
-            if self.killer is not None and self.killer.killed:
+            if self.killer is not None and self.killer.fired:
                 self.killer.wait_hosts()
             stats = self.system.wait_idle(timeout="20s")
         except Exception as e:  # noqa: BLE001 - a TimeoutError (or a lost scheduler) is a leftover
@@ -653,9 +699,10 @@ class Run:
         return wrong, typed, sum(r["outcome"] in ("ok", "wrong") and r["k"] >= 0 for r in st.records)
 
     def close(self) -> None:
-        if self.killer is not None:
-            with contextlib.suppress(Exception):  # best effort
-                bounded(self.killer.close, 10)
+        for agent in (self.killer, self.failer):
+            if agent is not None:
+                with contextlib.suppress(Exception):  # best effort
+                    bounded(agent.close, 10)
 
 
 def plan_run(cfg: Config, run: int, budget: list[int | None]) -> RunPlan:
@@ -684,8 +731,11 @@ def plan_run(cfg: Config, run: int, budget: list[int | None]) -> RunPlan:
     kill = None
     if cfg.chaos and cfg.processes and rng.random() < cfg.worker_kill:
         kill = rng.randint(1, max(1, sum(c.programs for c in clients) // 2))
+    fail = None
+    if cfg.chaos and rng.random() < cfg.dispatch_fail:
+        fail = rng.randint(1, max(1, sum(c.programs for c in clients) // 2))
     return RunPlan(cfg.seed * 1000 + run, rng.choice(["fifo", "proportional"]), rng.uniform(0, 0.003),
-                   clients, kill, rng.randrange(topo.num_hosts))
+                   clients, kill, rng.randrange(topo.num_hosts), fail)
 
 
 def run_once(cfg: Config, plan: RunPlan, index: int) -> dict[str, Any]:
