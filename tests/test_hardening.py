@@ -17,6 +17,7 @@ import pytest
 
 import pathdask as pw
 from pathdask import P
+from pathdask.faults import fail_next_dispatch
 
 from .conftest import SMALL, assert_clean
 
@@ -66,19 +67,9 @@ def test_dispatch_failing_on_one_host_ends_the_program_on_every_host(fsystem):
         np.testing.assert_array_equal(plus_sum(x).result(timeout=30), np.full(4, 5.0))
         bad = mesh.devices[-1].address
 
-        def fail_next_dispatch(dask_worker: Any) -> None:
-            rt = dask_worker.plugins["pathdask"]
-            real = rt.dispatch
-
-            async def failing(*args: Any, **kwargs: Any) -> Any:
-                rt.dispatch = real
-                raise RuntimeError("injected dispatch failure")
-
-            rt.dispatch = failing
-
         _on_worker(client, bad, fail_next_dispatch)
         start = time.monotonic()
-        with pytest.raises(RuntimeError, match="injected dispatch failure"):
+        with pytest.raises(pw.DispatchError, match="injected fault: the dispatch on host .* failed"):
             plus_sum(x).result(timeout=30)  # the other host's devices were inside its psum
         assert time.monotonic() - start < ENDS_WITHIN
         # the devices moved on: the next program runs

@@ -63,6 +63,7 @@ from .. import (
     program,
     psum,
 )
+from ..faults import fail_next_dispatch
 from ..system import LocalSystem
 from ..topology import Topology
 from .report import table, write_json
@@ -520,25 +521,13 @@ class WorkerKiller(Agent):
         self.dask.sync(self.dask.scheduler.pathdask_wait_hosts, timeout="60s")
 
 
-def _fail_next_dispatch(dask_worker: Any) -> None:
-    """On a worker: its host's next dispatch fails (the program must end on every host)."""
-    rt = dask_worker.plugins["pathdask"]
-    real = rt.dispatch
-
-    async def failing(*args: Any, **kwargs: Any) -> Any:
-        rt.dispatch = real
-        raise DispatchError("injected by pathdask bench stress: this host's dispatch failed")
-
-    rt.dispatch = failing
-
-
 class DispatchFailer(Agent):
     """Makes the next dispatch on one host fail."""
 
     kind = "fail-dispatch"
 
     def fire(self) -> None:
-        self.dask.run(_fail_next_dispatch, workers=[self.address])
+        self.dask.run(fail_next_dispatch, workers=[self.address])
 
 
 def bounded(fn: Callable[[], Any], seconds: float) -> Any:

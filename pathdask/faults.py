@@ -1,0 +1,24 @@
+"""Faults injected into a live system, for tests and ``pathdask bench stress``.
+
+Each is a function to run on a worker with ``client.dask.run(fn, workers=[address])``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import DispatchError
+
+__all__ = ["fail_next_dispatch"]
+
+
+def fail_next_dispatch(dask_worker: Any) -> None:
+    """The next dispatch on this worker's host fails; the program must still end on every host."""
+    rt = dask_worker.plugins["pathdask"]
+    real = rt.dispatch
+
+    async def failing(*args: Any, **kwargs: Any) -> Any:
+        rt.dispatch = real
+        raise DispatchError(f"injected fault: the dispatch on host {rt.address} failed")
+
+    rt.dispatch = failing
