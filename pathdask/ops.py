@@ -108,5 +108,7 @@ class HostPlan:
     #: program output index -> (value id, local device id) pairs it owns on this host
     owned: dict[int, tuple[tuple[int, int], ...]]
     #: hosts cache plans by id, so that later calls of the same program send only the id;
-    #: empty for plans that are used once (puts)
+    #: empty for plans that travel inside their dispatch (sequential dispatch)
     id: str = ""
+    #: used by one call only (a put, whose plan carries its data): the host drops it once used
+    once: bool = False

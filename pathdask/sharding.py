@@ -84,10 +84,21 @@ class Sharding:
         return [self.index(p) for p in range(self.mesh.size)]
 
     def split(self, array: np.ndarray) -> list[np.ndarray]:
-        """Per-device blocks of ``array``, in mesh position order (copies, contiguous)."""
+        """Per-device blocks of ``array``, in mesh position order (contiguous).
+
+        Positions that hold the same block (replicated dims) share one copy: blocks
+        are immutable once on a device, and a host receives a shared one once.
+        """
         if tuple(array.shape) != self.shape:
             raise ShardingError(f"Expected an array of shape {self.shape}, got {array.shape}")
-        return [contiguous(array[ix]) for ix in self.indices()]
+        copies: dict[tuple[int, ...], np.ndarray] = {}
+        blocks = []
+        for pos, ix in enumerate(self.indices()):
+            key = self.block_index(pos)
+            if key not in copies:
+                copies[key] = contiguous(array[ix])
+            blocks.append(copies[key])
+        return blocks
 
     def assemble(self, blocks: dict[int, np.ndarray], dtype: np.dtype) -> np.ndarray:
         """The global array from per-position blocks (one per distinct block is enough)."""

@@ -173,15 +173,18 @@ class Client:
         blocks = sharding.split(data)
         out = OutSpec(0, sharding.shard_shape, data.dtype.str)
         gang = GangSpec(0, "put", mesh.devices)
+        pid = uuid.uuid4().hex
         plans: dict[str, HostPlan] = {}
         for addr in mesh.hosts:
             local = [(p, d) for p, d in enumerate(mesh.devices) if d.address == addr]
+            # The blocks travel with the plan, straight to their host (``_send_plans``),
+            # never inside the graph: the scheduler sees only the program's keys.
             plans[addr] = HostPlan(
                 "put", {0: gang},
                 {d.id: (PutOp(0, out, blocks[p]),) for p, d in local},
                 {0: tuple((0, d.id) for _, d in local)},
+                id=pid, once=True,
             )
-        pid = uuid.uuid4().hex
         futures = self._dispatch(pid, plans, (), ())
         return ShardedArray(self, pid, 0, data.shape, data.dtype, mesh, spec, futures[0], meta)
 
@@ -224,13 +227,13 @@ class Client:
         return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
 
     def _unsent(self, plans: dict[str, HostPlan]) -> dict[str, HostPlan]:
-        """The plans (by host) that their host does not hold yet; marks the others used."""
+        """The cached plans (by host) that their host does not hold yet; marks the others used."""
         missing = {}
         with self._lock:
             for addr, plan in plans.items():
-                if not plan.id:  # puts carry their data: they have no id and are never cached
-                    continue
                 sent = self._plans_sent.get(addr)
+                if plan.once or not plan.id:
+                    continue
                 if sent is not None and plan.id in sent:
                     sent.move_to_end(plan.id)
                 else:
@@ -239,29 +242,38 @@ class Client:
 
     def _send_plans(self, plans: dict[str, HostPlan]) -> None:
         """Send each host the plans it lacks, and wait for them to arrive, before any call
-        names them; so a dispatch task always finds its plan, whatever order Dask runs tasks in."""
+        names them; so a dispatch task always finds its plan, whatever order Dask runs tasks in.
+
+        A put's plan carries its blocks: each host gets its own, straight from here,
+        in parallel, never through the scheduler; it is used once.
+        """
+        once = {a: p for a, p in plans.items() if p.once}
+        if once:
+            self._upload(once)
         if not self._unsent(plans):
             return
         with self._sending_plans:
             missing = self._unsent(plans)  # another thread may have sent them meanwhile
             if not missing:
                 return
-
-            async def send() -> None:
-                await asyncio.gather(*(
-                    self.dask.rpc(addr).pathdask_plans(client=self.id, plans=to_serialize([plan]))
-                    for addr, plan in missing.items()))
-
-            try:
-                self.dask.sync(send)
-            except OSError as e:
-                raise DeviceLostError(f"A host of this program is gone ({type(e).__name__}: {e})") from e
+            self._upload(missing)
             with self._lock:
                 for addr, plan in missing.items():
                     sent = self._plans_sent.setdefault(addr, OrderedDict())
                     sent[plan.id] = None
                     while len(sent) > PLANS_REMEMBERED:
                         sent.popitem(last=False)
+
+    def _upload(self, plans: dict[str, HostPlan]) -> None:
+        async def send() -> None:
+            await asyncio.gather(*(
+                self.dask.rpc(addr).pathdask_plans(client=self.id, plans=to_serialize([plan]))
+                for addr, plan in plans.items()))
+
+        try:
+            self.dask.sync(send)
+        except OSError as e:
+            raise DeviceLostError(f"A host of this program is gone ({type(e).__name__}: {e})") from e
 
     def _hold(self, pid: str, futures: list[Any], keepalive: tuple[ShardedArray, ...]) -> None:
         """Keep a program's futures and inputs alive until every host has registered it.

@@ -21,14 +21,17 @@ class PlanCache:
         self.address = address
         self.per_client = per_client
         self._plans: dict[str, OrderedDict[str, HostPlan]] = {}
+        self._once: dict[str, str] = {}  # plan id -> client, of plans used once (puts, with data)
 
     def add(self, client: str, plans: list[HostPlan]) -> None:
         cache = self._plans.setdefault(client, OrderedDict())
         for plan in plans:
+            if plan.once:
+                self._once[plan.id] = client
             cache[plan.id] = plan
             cache.move_to_end(plan.id)
         while len(cache) > self.per_client:
-            cache.popitem(last=False)
+            self._once.pop(cache.popitem(last=False)[0], None)
 
     def get(self, client: str, pid: str, plan_id: str) -> HostPlan:
         cache: OrderedDict[str, HostPlan] = self._plans.get(client, OrderedDict())
@@ -39,11 +42,22 @@ class PlanCache:
                 "this worker restarted since the client sent it, or the client closed. Call the "
                 "program again from a live client on a new mesh"
             )
-        cache.move_to_end(plan_id)
+        if plan.once:
+            self.discard(plan_id)
+        else:
+            cache.move_to_end(plan_id)
         return plan
 
+    def discard(self, plan_id: str) -> None:
+        """Forget a plan used once (a put's, with its data), e.g. when its program is dropped."""
+        client = self._once.pop(plan_id, None)
+        cache = self._plans.get(client) if client is not None else None
+        if cache is not None:
+            cache.pop(plan_id, None)
+
     def drop_client(self, client: str) -> None:
-        self._plans.pop(client, None)
+        for plan_id in self._plans.pop(client, {}):
+            self._once.pop(plan_id, None)
 
     def __len__(self) -> int:
         return sum(len(c) for c in self._plans.values())

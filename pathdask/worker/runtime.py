@@ -383,6 +383,7 @@ class HostRuntime(WorkerPlugin):
         so it still ends here; one that is not slotted here is undone at once.
         """
         unslotted = self.ledger.drop(pid, cause)
+        self.plans.discard(pid)  # a put dropped before its dispatch: its blocks go now
         with self._gates_lock:
             gates = [self._gates.pop(k) for k in [k for k in self._gates if k[0] == pid]]
         for done in gates:
