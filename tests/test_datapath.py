@@ -7,7 +7,6 @@ import warnings
 import numpy as np
 import pytest
 
-import pathdask as pw
 from pathdask import P
 
 
