@@ -21,10 +21,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..ops import BufferKey, HostPlan, Ref
+from .bounded import remember
 from .transfer import Mailbox
-
-#: dropped programs and closed clients remembered, so that late messages are refused
-REMEMBER = 100_000
 
 
 @dataclass
@@ -140,8 +138,7 @@ class Ledger:
         """Mark ``pid`` dropped. Returns its registration if no device will pop it (not slotted
         here), which the caller must then undo; devices skip a slotted one themselves."""
         with self.lock:
-            self._dropped.setdefault(pid, cause)
-            _trim(self._dropped)
+            remember(self._dropped, pid, cause)
             if pid in self._slotted:
                 return None
             return self._programs.pop(pid, None)
@@ -149,12 +146,7 @@ class Ledger:
     def close_client(self, client: str, cause: BaseException) -> list[str]:
         """Refuse the client's later programs; returns its programs known here (to drop)."""
         with self.lock:
-            self._closed_clients[client] = cause
-            _trim(self._closed_clients)
+            remember(self._closed_clients, client, cause)
             return sorted({p for p, prog in self._programs.items() if prog.client == client}
                           | {p for p, (c, _) in self._slotted.items() if c == client})
 
-
-def _trim(d: OrderedDict[str, BaseException]) -> None:
-    while len(d) > REMEMBER:
-        d.popitem(last=False)

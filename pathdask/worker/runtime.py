@@ -36,6 +36,7 @@ from distributed.protocol import to_serialize
 from ..errors import DeviceLostError, DispatchError, GangAbortedError
 from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, ReshardOp
 from ..topology import DeviceInfo, Topology
+from .bounded import remember
 from .device import DeviceStream
 from .futures import resolve
 from .ledger import HostProgram, Ledger
@@ -160,9 +161,7 @@ class HostRuntime(WorkerPlugin):
         """
         pairs = self.owned.pop((pid, index), None)
         if pairs is None:
-            self.released_early[(pid, index)] = None
-            while len(self.released_early) > 100_000:
-                self.released_early.popitem(last=False)
+            remember(self.released_early, (pid, index), None)
             return
         for vid, dev in pairs:
             self.store.release((pid, vid), dev)

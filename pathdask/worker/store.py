@@ -20,6 +20,7 @@ from dask.utils import format_bytes
 
 from ..errors import DeviceOutOfMemoryError
 from ..ops import BufferKey
+from .bounded import remember
 from .futures import fail, resolve
 
 StoreKey = tuple[str, int, int]  # (program id, value id, device id)
@@ -186,9 +187,7 @@ class BufferStore:
         computed), so that their readers learn why, until the key is released.
         """
         with self.cond:
-            self._dropped[program] = error
-            while len(self._dropped) > 100_000:
-                self._dropped.popitem(last=False)
+            remember(self._dropped, program, error)
             for skey in [k for k in self._declared_waiters if k[0] == program]:
                 for fut in self._declared_waiters.pop(skey):
                     self.loop.call_soon_threadsafe(fail, fut, error)

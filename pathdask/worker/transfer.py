@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import GangAbortedError
 from ..topology import LINK_CLASSES, DeviceInfo, Link, Topology, device_info
+from .bounded import remember
 
 SlotKey = tuple[str, int, int, int]  # (program, gang, seq, destination device)
 
@@ -95,9 +96,7 @@ class Mailbox:
         """``device``'s body returned after ``collectives`` collectives; a piece that already
         came for a later one (a peer called a collective this device never will) is a mismatch."""
         with self.cond:
-            self.closed[(program, gang, device)] = (collectives, name, hosts)
-            while len(self.closed) > 100_000:
-                self.closed.popitem(last=False)
+            remember(self.closed, (program, gang, device), (collectives, name, hosts))
             for key, got in self.slots.items():
                 if key[:2] == (program, gang) and key[3] == device and key[2] >= collectives:
                     return Mismatch(key, min(got), collectives, name, hosts)
@@ -151,9 +150,7 @@ class Mailbox:
 
     def drop_program(self, program: str, cause: BaseException) -> None:
         with self.cond:
-            self.dropped[program] = cause
-            while len(self.dropped) > 100_000:  # never finished here (never slotted): forget the oldest
-                self.dropped.popitem(last=False)
+            remember(self.dropped, program, cause)
             self.cond.notify_all()
 
     def finish_program(self, program: str) -> None:
