@@ -22,7 +22,8 @@ from . import config  # noqa: F401  (loads the pathdask.* defaults)
 
 
 @click.command()
-@click.option("--pathdask-topology", default=None, help="Topology YAML file (scheduler only)")
+@click.option("--pathdask-topology", default=None,
+              help="Topology YAML file, or a packaged topology's name such as local (scheduler only)")
 @click.option("--pathdask-host", default=None, type=int, help="Which host of the topology this worker is")
 def dask_setup(service: Any, pathdask_topology: str | None, pathdask_host: int | None) -> None:
     from distributed import Scheduler
