@@ -267,13 +267,23 @@ class Client:
     def _upload(self, plans: dict[str, HostPlan]) -> None:
         async def send() -> None:
             await asyncio.gather(*(
-                self.dask.rpc(addr).pathdask_plans(client=self.id, plans=to_serialize([plan]))
+                self._ask_host(addr, "pathdask_plans", "runs part of this program", client=self.id,
+                               plans=to_serialize([plan]))
                 for addr, plan in plans.items()))
 
+        self.dask.sync(send)
+
+    async def _ask_host(self, addr: str, handler: str, role: str, **kwargs: Any) -> Any:
+        """Call ``handler`` on host ``addr``; ``DeviceLostError`` as soon as the host is known gone.
+
+        A dead host's address would otherwise take Dask's whole connect timeout to fail.
+        """
+        gone = DeviceLostError(f"Host {addr}, which {role}, left the cluster")
         try:
-            self.dask.sync(send)
-        except OSError as e:
-            raise DeviceLostError(f"A host of this program is gone ({type(e).__name__}: {e})") from e
+            return await _unless_gone(getattr(self.dask.rpc(addr), handler)(**kwargs),
+                                      lambda: self.dask.scheduler.pathdask_wait_host_gone(address=addr), gone)
+        except OSError as e:  # CommClosedError is one
+            raise DeviceLostError(f"Host {addr}, which {role}, is gone ({type(e).__name__}: {e})") from e
 
     def _hold(self, pid: str, futures: list[Any], keepalive: tuple[ShardedArray, ...]) -> None:
         """Keep a program's futures and inputs alive until every host has registered it.
@@ -316,12 +326,13 @@ class Client:
         """``error`` if any shard failed, ``ready`` once all are computed, else ``pending``."""
         async def ask() -> list[list[str]]:
             return list(await asyncio.gather(*(
-                self.dask.rpc(addr).pathdask_status(buffers=[b for _, b in items])
+                self._ask_host(addr, "pathdask_status", "holds shards of this array",
+                               buffers=[b for _, b in items])
                 for addr, items in self._shards(array).items())))
 
         try:
             states = {s for reply in self.dask.sync(ask) for s in reply}
-        except OSError:
+        except (OSError, DeviceLostError):
             return "error"  # a host holding shards is gone
         return "error" if "error" in states else "pending" if "pending" in states else "ready"
 
@@ -331,15 +342,7 @@ class Client:
         want = self._shards(array)
 
         async def fetch_from(addr: str, buffers: list[tuple[str, int, int]]) -> list[np.ndarray]:
-            gone = DeviceLostError(f"Host {addr}, which holds shards of this array, left the cluster")
-            try:
-                reply = await _unless_gone(self.dask.rpc(addr).pathdask_fetch(buffers=buffers),
-                                           lambda: self.dask.scheduler.pathdask_wait_host_gone(address=addr),
-                                           gone)
-            except OSError as e:  # CommClosedError is one
-                raise DeviceLostError(
-                    f"Host {addr}, which holds shards of this array, is gone ({type(e).__name__}: {e})"
-                ) from e
+            reply = await self._ask_host(addr, "pathdask_fetch", "holds shards of this array", buffers=buffers)
             if "error" in reply:
                 _raise(reply["error"])
             return list(reply["values"])

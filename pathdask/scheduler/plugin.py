@@ -94,6 +94,9 @@ class PathwaysScheduler(SchedulerPlugin):
     # -- hosts ---------------------------------------------------------------
     async def register_host(self, address: str, requested: int | None = None) -> dict[str, Any]:
         rec = self.resources.add_host(address, requested)
+        for addr in self.resources.hosts:
+            if addr != address:
+                self._tell(addr, {"op": "pathdask-host-joined", "host": address})
         await self._hosts_changed()
         logger.info("pathdask: %s is island %d host %d", address, rec.island, rec.host)
         return {
@@ -153,6 +156,8 @@ class PathwaysScheduler(SchedulerPlugin):
         if rec is None:
             return
         asyncio.ensure_future(self._hosts_changed())  # wakes clients waiting on it (wait_host_gone)
+        for addr in self.resources.hosts:  # its peers stop sending to it at once
+            self._tell(addr, {"op": "pathdask-host-lost", "host": worker})
         affected = [s for s in self.order.inflight.values() if worker in s.hosts]
         waiting, slotted = self.order.host_lost(worker)
         affected += waiting

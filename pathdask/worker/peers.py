@@ -71,6 +71,8 @@ class Peers:
         return self.transport.address if self.transport else None
 
     def send(self, addr: str, kind: str, *args: Any) -> None:
+        if addr in self.lost:
+            return  # it left: nothing there waits for this, and connecting would only time out
         if self.transport is not None:
             self.transport.send(self._transport_address(addr), (kind, *args))
             return
@@ -94,6 +96,12 @@ class Peers:
 
     def mark_lost(self, host: str) -> None:
         self.lost = self.lost | {host}
+
+    def mark_joined(self, host: str) -> None:
+        """A host (re)joined: a worker restarted on a fixed address has a new transport."""
+        self.lost = self.lost - {host}
+        with self._lock:
+            self.addresses.pop(host, None)
 
     def _send(self, addr: str, msg: dict[str, Any]) -> None:
         bs = self.streams.get(addr)

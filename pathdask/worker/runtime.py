@@ -125,6 +125,8 @@ class HostRuntime(WorkerPlugin):
             "pathdask-drop-client": self.drop_client,
             "pathdask-release-outputs": self.on_release_outputs,
             "pathdask-drop-programs": self.on_drop_programs,
+            "pathdask-host-lost": self.peers.mark_lost,
+            "pathdask-host-joined": self.peers.mark_joined,
         })
         for s in self.streams.values():
             s.start()
@@ -191,6 +193,9 @@ class HostRuntime(WorkerPlugin):
         """
         if self.jitter:
             await asyncio.sleep(random.uniform(0, self.jitter))  # test-only: reorder arrivals
+        if self.ledger.refused(pid, client) is not None:
+            self.plans.discard(pid)
+            return pid  # dropped (or its client closed) before it came: it ended here already
         try:
             if isinstance(plan, str):
                 plan = self.plans.get(client, pid, plan)
