@@ -433,9 +433,8 @@ async def _unless_gone(work: Any, gone_waiter: Any, gone: BaseException) -> Any:
         raise gone
     finally:
         for t in (task, watcher):
-            if not t.done():
-                t.cancel()
-                t.add_done_callback(_consume)
+            t.cancel()  # no-op for a finished one
+            t.add_done_callback(_consume)  # whichever we did not read, its outcome is read
 
 
 def _consume(task: asyncio.Future[Any]) -> None:

@@ -20,6 +20,7 @@ from distributed.batched import BatchedSend
 from distributed.comm import connect, get_address_host
 from distributed.protocol import to_serialize
 
+from ..errors import DeviceLostError
 from .transport import SocketTransport
 
 if TYPE_CHECKING:
@@ -74,7 +75,13 @@ class Peers:
         if addr in self.lost:
             return  # it left: nothing there waits for this, and connecting would only time out
         if self.transport is not None:
-            self.transport.send(self._transport_address(addr), (kind, *args))
+            try:
+                self.transport.send(self._transport_address(addr), (kind, *args))
+            except (OSError, TimeoutError) as e:  # a reset or refused connection: the host died
+                self.mark_lost(addr)
+                raise DeviceLostError(
+                    f"Host {addr} cannot be reached ({type(e).__name__}: {e}); it left the cluster"
+                ) from e
             return
         msg: dict[str, Any]
         if kind == "xfer":
