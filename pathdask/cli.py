@@ -119,6 +119,18 @@ def bench_tenancy(small: bool, out: str, topology: str | None, processes: bool) 
         echo=click.echo, processes=processes)
 
 
+@bench.command("datapath")
+@click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
+@click.option("--out", default="bench-results", show_default=True, help="Folder for JSON and HTML.")
+@click.option("--processes/--threads", default=True, show_default=True,
+              help="One worker process per host, or all hosts in this process.")
+def bench_datapath(small: bool, out: str, processes: bool) -> None:
+    """put, result, reshard and all-gather bandwidth beside loopback TCP and memcpy; peak memory."""
+    from .bench.datapath import Config, run
+
+    run(Config.small() if small else Config(), out=out, echo=click.echo, processes=processes)
+
+
 @bench.command("soak")
 @click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
 @click.option("--clients", type=click.IntRange(min=1), default=None, help="Concurrent clients.")

@@ -50,3 +50,16 @@ def test_bench_tenancy_small(tmp_path):
         assert set(by_clients) == {str(n) for n in cfg.clients}
         assert all(v > 0 for v in by_clients.values())
     assert result["ratios"]["aggregate_over_single_client"]
+
+
+@pytest.mark.slow
+def test_bench_datapath_small(tmp_path):
+    from pathdask.bench import datapath
+
+    result = datapath.run(datapath.Config.small(), out=str(tmp_path), echo=lambda s: None, processes=False)
+    data = json.loads((tmp_path / "datapath.json").read_text())
+    for op in ("put", "result", "reshard", "all_gather", "loopback TCP", "memcpy"):
+        assert all(v > 0 for v in data["gb_per_s"][op].values()), op
+    assert set(data["over_loopback_tcp"]) == {"put", "result", "reshard", "all_gather"}
+    assert result["peak_rss_bytes"]["client_and_scheduler"] > 0
+
