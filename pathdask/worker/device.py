@@ -82,10 +82,14 @@ class DeviceStream:
         with self.cond:
             return [pid for _, pid in zip(range(limit), self.order)]
 
-    def observations(self, since: float = 0.0) -> tuple[list[float], list[tuple[float, float, str, str, str]]]:
-        """Snapshots of the idle gaps and of the timeline entries started after ``since``."""
+    def gaps_snapshot(self) -> list[float]:
         with self.cond:
-            return list(self.gaps), [t for t in self.timeline if t[0] >= since]
+            return list(self.gaps)
+
+    def timeline_since(self, since: float = 0.0) -> list[tuple[float, float, str, str, str]]:
+        """A snapshot of the timeline entries started after ``since``."""
+        with self.cond:
+            return [t for t in self.timeline if t[0] >= since]
 
     def reset_observations(self) -> None:
         with self.cond:

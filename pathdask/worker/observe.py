@@ -46,7 +46,7 @@ def host_stats(rt: Observed) -> dict[str, Any]:
     mem = rt.store.stats()
     devices = {}
     for d, s in rt.streams.items():
-        gaps, _ = s.observations(float("inf"))
+        gaps = s.gaps_snapshot()
         devices[d] = {
             **mem[d],
             "island": rt.island,

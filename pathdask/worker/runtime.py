@@ -451,7 +451,7 @@ class HostRuntime(WorkerPlugin):
 
     def timeline(self, since: float = 0.0) -> dict[int, list[tuple[float, float, str, str, str]]]:
         """Per device, (start, end, program, gang, client) of recent gangs started after ``since``."""
-        return {d: s.observations(since)[1] for d, s in self.streams.items()}
+        return {d: s.timeline_since(since) for d, s in self.streams.items()}
 
     def reset_observations(self) -> None:
         """Forget recorded gaps and timelines (benchmarks call this between runs)."""
