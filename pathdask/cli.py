@@ -16,8 +16,11 @@ class _Group(click.Group):
     by then (its worker processes ignore SIGINT and leave with it)."""
 
     def invoke(self, ctx: click.Context) -> object:
+        from .interrupts import reliable_interrupts
+
         try:
-            return super().invoke(ctx)
+            with reliable_interrupts():
+                return super().invoke(ctx)
         except KeyboardInterrupt:
             click.echo("Interrupted; the cluster was shut down.", err=True)
             ctx.exit(130)

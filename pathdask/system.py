@@ -14,6 +14,7 @@ from distributed import LocalCluster, Security
 
 from .client.client import Client
 from .diagnosis import Diagnosis
+from .interrupts import unwinding
 from .scheduler.plugin import PathwaysScheduler
 from .topology import Topology
 
@@ -173,5 +174,7 @@ class LocalSystem:
     def __enter__(self) -> LocalSystem:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: Any) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            unwinding()  # a second Ctrl-C must not cut the shutdown short
         self.close()

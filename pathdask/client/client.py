@@ -420,19 +420,18 @@ async def _unless_gone(work: Any, gone_waiter: Any, gone: BaseException) -> Any:
 
     Quick answers (the common case) never ask the scheduler.
     """
-    task = asyncio.ensure_future(work)
-    done, _ = await asyncio.wait({task}, timeout=HOST_CHECK_AFTER)
-    if done:
-        return task.result()
-    watcher = asyncio.ensure_future(gone_waiter())
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        watcher.result()
+    tasks = [asyncio.ensure_future(work)]
+    try:  # also when we are cancelled (the caller was interrupted): nothing is left unread
+        done, _ = await asyncio.wait(tasks, timeout=HOST_CHECK_AFTER)
+        if not done:
+            tasks.append(asyncio.ensure_future(gone_waiter()))
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if tasks[0] in done:
+            return tasks[0].result()
+        tasks[1].result()
         raise gone
     finally:
-        for t in (task, watcher):
+        for t in tasks:
             t.cancel()  # no-op for a finished one
             t.add_done_callback(_consume)  # whichever we did not read, its outcome is read
 

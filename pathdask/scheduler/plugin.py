@@ -81,9 +81,9 @@ class PathwaysScheduler(SchedulerPlugin):
         self.clients: dict[str, dict[str, Any]] = {}
         self.hosts_changed = asyncio.Condition()
         self.host_failures: dict[str, dict[str, Any]] = {}  # address -> error_message
-        self.output_owners: dict[Any, str] = {}
+        self.output_owners: dict[Any, str] = {}  # output key -> address of the host it owns buffers on
         #: the secret hosts present to each other on the socket transport (sent over Dask comms)
-        self.transport_token = secrets.token_bytes(32)  # output key -> address of the host it owns buffers on
+        self.transport_token = secrets.token_bytes(32)
         for name in HANDLERS:
             scheduler.handlers[name] = getattr(self, name[len("pathdask_"):])
         scheduler.stream_handlers["pathdask-program-done"] = self.program_done
@@ -94,9 +94,7 @@ class PathwaysScheduler(SchedulerPlugin):
     # -- hosts ---------------------------------------------------------------
     async def register_host(self, address: str, requested: int | None = None) -> dict[str, Any]:
         rec = self.resources.add_host(address, requested)
-        for addr in self.resources.hosts:
-            if addr != address:
-                self._tell(addr, {"op": "pathdask-host-joined", "host": address})
+        self._tell_all({"op": "pathdask-host-joined", "host": address}, but=address)
         await self._hosts_changed()
         logger.info("pathdask: %s is island %d host %d", address, rec.island, rec.host)
         return {
@@ -156,8 +154,7 @@ class PathwaysScheduler(SchedulerPlugin):
         if rec is None:
             return
         asyncio.ensure_future(self._hosts_changed())  # wakes clients waiting on it (wait_host_gone)
-        for addr in self.resources.hosts:  # its peers stop sending to it at once
-            self._tell(addr, {"op": "pathdask-host-lost", "host": worker})
+        self._tell_all({"op": "pathdask-host-lost", "host": worker})  # its peers stop sending to it
         affected = [s for s in self.order.inflight.values() if worker in s.hosts]
         waiting, slotted = self.order.host_lost(worker)
         affected += waiting
@@ -187,8 +184,7 @@ class PathwaysScheduler(SchedulerPlugin):
         del self.clients[client]
         self.resources.release_client(client)
         self._send_orders(self.order.drop_client(client))
-        for addr in self.resources.hosts:
-            self._tell(addr, {"op": "pathdask-drop-client", "client": client})
+        self._tell_all({"op": "pathdask-drop-client", "client": client})
 
     def info(self) -> dict[str, Any]:
         return {
@@ -248,6 +244,12 @@ class PathwaysScheduler(SchedulerPlugin):
             return False
         comm.send(msg)
         return True
+
+    def _tell_all(self, msg: dict[str, Any], but: str | None = None) -> None:
+        """Send ``msg`` to every live pathdask host (except ``but``)."""
+        for addr in list(self.resources.hosts):
+            if addr != but:
+                self._tell(addr, msg)
 
     async def _broadcast(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Ask every live pathdask host; a host that dies meanwhile is left out of the replies."""

@@ -66,7 +66,7 @@ class Ledger:
     def slot(self, pid: str, client: str, devices: list[int]) -> bool:
         """The program takes a place in these devices' order; ``False`` if it was dropped already."""
         with self.lock:
-            if pid in self._dropped or client in self._closed_clients:
+            if self._refusal(pid, client) is not None:
                 return False
             self._slotted[pid] = (client, set(devices))
             return True
@@ -74,15 +74,19 @@ class Ledger:
     def refused(self, pid: str, client: str) -> BaseException | None:
         """Why a dispatch of ``pid`` must not register (it was dropped, its client closed)."""
         with self.lock:
-            return self._dropped.get(pid) or self._closed_clients.get(client)
+            return self._refusal(pid, client)
 
     def register(self, prog: HostProgram) -> BaseException | None:
         """Record a dispatched program; returns the cause instead if it was dropped already."""
         with self.lock:
-            cause = self._dropped.get(prog.pid) or self._closed_clients.get(prog.client)
+            cause = self._refusal(prog.pid, prog.client)
             if cause is None:
                 self._programs[prog.pid] = prog
             return cause
+
+    def _refusal(self, pid: str, client: str) -> BaseException | None:
+        """Holds ``lock``: why ``pid`` of ``client`` may no longer take a place here, if it may not."""
+        return self._dropped.get(pid) or self._closed_clients.get(client)
 
     # -- reads -------------------------------------------------------------------
     def get(self, pid: str) -> HostProgram | None:

@@ -285,7 +285,7 @@ class HostRuntime(WorkerPlugin):
         """Wait until this host's devices have all popped ``pid`` (run or skipped it)."""
         fut = self.loop.create_future()
         self._program_waiters.setdefault(pid, []).append(fut)
-        if self.ledger.client_of(pid) is None and self.ledger.get(pid) is None:
+        if self.ledger.client_of(pid) is None:  # neither slotted nor dispatched here
             self._program_waiters.pop(pid, None)
             return
         await fut
@@ -371,7 +371,7 @@ class HostRuntime(WorkerPlugin):
 
     def abort(self, pid: str, gang: int, hosts: set[str] | frozenset[str], cause: BaseException) -> None:
         self.mailbox.abort_gang(pid, gang, cause)
-        for addr in set(hosts) - {self.address} - self.peers.lost:
+        for addr in set(hosts) - {self.address}:  # ``peers.send`` skips hosts known to be lost
             try:
                 self.peers.send(addr, "abort", pid, gang, _picklable(cause))
             except Exception:  # the peer is gone: it has nothing to wake
