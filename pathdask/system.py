@@ -46,6 +46,10 @@ def _workers_ignore_interrupts(processes: bool) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _stop_heartbeat(dask_worker: Any) -> None:
+    dask_worker.periodic_callbacks["heartbeat"].stop()
+
+
 class LocalSystem:
     """A ``LocalCluster`` with one worker per host and pathdask's plugins installed.
 
@@ -165,11 +169,23 @@ class LocalSystem:
             c.close()
         self._clients.clear()
         if self._admin is not None:
+            self._quiesce(self._admin)
             self._admin.close()
             self._admin = None
         if self.cluster is not None:
             self.cluster.close()
             self.cluster = None
+
+    @staticmethod
+    def _quiesce(admin: DaskClient) -> None:
+        """Stop the workers' heartbeats before the cluster closes.
+
+        A worker that closes while its heartbeat is in flight aborts the heartbeat's
+        connection and logs a traceback for it, although nothing went wrong; with no
+        heartbeat left to send, the shutdown is silent.
+        """
+        with contextlib.suppress(Exception):
+            admin.run(_stop_heartbeat, on_error="ignore")
 
     def __enter__(self) -> LocalSystem:
         return self.start()
