@@ -54,12 +54,17 @@ def test_bench_tenancy_small(tmp_path):
 
 @pytest.mark.slow
 def test_bench_datapath_small(tmp_path):
+    """As CI runs it: the client, the scheduler and each host in processes of their own."""
     from pathdask.bench import datapath
 
-    result = datapath.run(datapath.Config.small(), out=str(tmp_path), echo=lambda s: None, processes=False)
+    result = datapath.run(datapath.Config.small(), out=str(tmp_path), echo=lambda s: None)
     data = json.loads((tmp_path / "datapath.json").read_text())
     for op in ("put", "result", "reshard", "all_gather", "loopback TCP", "memcpy"):
         assert all(v > 0 for v in data["gb_per_s"][op].values()), op
     assert set(data["over_loopback_tcp"]) == {"put", "result", "reshard", "all_gather"}
-    assert result["peak_rss_bytes"]["client_and_scheduler"] > 0
+    assert set(result["peak_rss_bytes"]) == {"client", "scheduler", "host 0", "host 1"}
+    assert all(v > 0 for v in result["peak_rss_bytes"].values())
+    memory = data["memory_during_put"]
+    assert memory["array_bytes"] == 8 * 2**20 and memory["client_over_array"] >= 1
+    assert (tmp_path / "datapath.html").exists()
 

@@ -12,9 +12,12 @@ from pathdask import P
 from .conftest import SMALL, assert_clean
 
 
+@pytest.mark.parametrize("chunk", ["8MiB", "1000B"])
 @pytest.mark.parametrize("transport", ["socket", "dask"])
-def test_transports(transport):
-    with dask.config.set({"pathdask.transport": transport}), \
+def test_transports(transport, chunk):
+    """With a tiny ``pathdask.transfer-chunk``, every piece between hosts streams in chunks, and
+    a strided piece (a column slice) is cut inside its rows."""
+    with dask.config.set({"pathdask.transport": transport, "pathdask.transfer-chunk": chunk}), \
             pw.LocalSystem(SMALL, processes=False, dashboard_address=None) as system:
         with system.client(name=transport) as client:
             m0, m1 = client.mesh({"x": 4}, island=0), client.mesh({"x": 4}, island=1)
@@ -30,4 +33,6 @@ def test_transports(transport):
             assert links["dcn"]["bytes"] == x.nbytes
             assert links["ici"]["bytes"] > 0 and links["same_host"]["bytes"] > 0
             del a, gathered, moved
+            partial = client.dask.run(lambda dask_worker: dask_worker.plugins["pathdask"].reassembly.partial)
+            assert all(not p for p in partial.values()), partial
         assert_clean(system)

@@ -11,9 +11,14 @@ array size it times, in GB/s of the array's bytes:
 - ``all_gather``: every device gathers the whole array (tiled ``all_gather``);
 
 beside, in the same run, loopback TCP (two threads of this process, one socket)
-and ``memcpy`` (``np.copyto``). It reports peak resident memory (``VmHWM``) of
-this process, which holds the client and, in a ``LocalCluster``, the scheduler
-too, and of each worker process. Writes ``datapath.json`` and ``datapath.html``.
+and ``memcpy`` (``np.copyto``).
+
+With processes (the default) the system is a :class:`~pathdask.deploy.CliSystem`:
+the client (this process), the scheduler and each host are separate processes,
+so each one's memory is its own. Around a ``put`` of the largest array, every
+process's peak resident memory (``VmHWM``, reset first through
+``/proc/self/clear_refs``) is read, and reported as growth over its resident
+memory just before the put. Writes ``datapath.json`` and ``datapath.html``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import dask
 import numpy as np
 
 from .. import P, all_gather, function
+from ..deploy import CliSystem
 from ..system import LocalSystem
 from ..topology import Topology
 from .report import save_plots, table, write_json
@@ -86,16 +92,49 @@ def memcpy(nbytes: int) -> float:
     return nbytes / (time.perf_counter() - start) / 1e9
 
 
-def _peak_rss(dask_worker: Any = None) -> int:
-    """Peak resident bytes of this process (``VmHWM``, Linux); 0 where unknown."""
+def _memory(dask_worker: Any = None, dask_scheduler: Any = None, reset: bool = False) -> dict[str, int]:
+    """This process's resident and peak resident bytes (``VmRSS``, ``VmHWM``; Linux, else 0).
+
+    ``reset`` first lowers the peak to the current resident size (``clear_refs``).
+    """
+    if reset:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+    found = {"rss": 0, "peak": 0}
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    found["rss" if line.startswith("VmRSS") else "peak"] = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return found
+
+
+def _memory_everywhere(client: Any, reset: bool = False) -> dict[str, dict[str, int]]:
+    """``_memory`` of the client, the scheduler and each host process, by role."""
+    workers = client.dask.run(_memory, reset=reset)
+    return {"client": _memory(reset=reset), "scheduler": client.dask.run_on_scheduler(_memory, reset=reset),
+            **{f"host {i}": workers[a] for i, a in enumerate(sorted(workers))}}
+
+
+def memory_during_put(client: Any, mesh: Any, data: np.ndarray, wait: Callable[[Any], Any]) -> dict[str, Any]:
+    """Each process's peak memory growth while ``data`` is put onto ``mesh`` (and waited for)."""
+    before = _memory_everywhere(client, reset=True)
+    x = client.put(data, mesh, P("d"))
+    wait(x)
+    after = _memory_everywhere(client)
+    del x
+    growth = {k: max(0, after[k]["peak"] - before[k]["rss"]) for k in before}
+    per_host = data.nbytes / len(mesh.hosts)
+    return {"array_bytes": data.nbytes, "growth_bytes": growth,
+            # the client already holds the array: the goal is a peak of at most 1.2x of it
+            "client_over_array": (data.nbytes + growth["client"]) / data.nbytes,
+            "host_over_shards": {k: v / per_host for k, v in growth.items() if k.startswith("host")},
+            "scheduler_growth_mib": growth["scheduler"] / MiB}
 
 
 def run(cfg: Config, out: str = "bench-results", echo: Echo = print, processes: bool = True) -> dict[str, Any]:
@@ -104,8 +143,10 @@ def run(cfg: Config, out: str = "bench-results", echo: Echo = print, processes: 
     rates: dict[str, dict[int, float]] = {op: {} for op in (*OPS, "loopback TCP", "memcpy")}
     # the all-gather holds 4 copies of the array on each device, and the check of
     # replication would hash them: turn it off, it is not the data path
-    with dask.config.set({"pathdask.check-replication": False}), \
-            LocalSystem(topology(6 * largest), processes=processes, dashboard_address=None) as system:
+    topo = topology(6 * largest)
+    system: CliSystem | LocalSystem = CliSystem(topo) if processes else \
+        LocalSystem(topo, processes=False, dashboard_address=None)
+    with dask.config.set({"pathdask.check-replication": False}), system:
         client = system.client(name="datapath")
         mesh = client.mesh({"d": 4})
         reverse = client.mesh({"d": 4}, devices=list(reversed(mesh.device_ids)))
@@ -118,8 +159,9 @@ def run(cfg: Config, out: str = "bench-results", echo: Echo = print, processes: 
             measured = _measure(client, mesh, reverse, (head, ident, gather), mib, cfg.repeats)
             for op, rate in measured.items():
                 rates[op][mib] = rate
-        peaks = {"client_and_scheduler": _peak_rss(), **{
-            f"worker {addr}": v for addr, v in client.dask.run(_peak_rss).items()}}
+        data = np.random.default_rng(0).random(largest * MiB // 8)
+        memory = memory_during_put(client, mesh, data, lambda x: head(x).result())
+        peaks = {k: v["peak"] for k, v in _memory_everywhere(client).items()}
         client.close()
 
     rows = [[op, *(rates[op][m] for m in cfg.sizes_mib)] for op in rates]
@@ -128,9 +170,15 @@ def run(cfg: Config, out: str = "bench-results", echo: Echo = print, processes: 
     ratios = {op: {str(m): rates[op][m] / rates["loopback TCP"][m] for m in cfg.sizes_mib} for op in OPS}
     echo("\nshare of loopback TCP: " + "; ".join(
         f"{op} {ratios[op][str(largest)]:.2f}" for op in OPS) + f" (at {largest} MiB)")
-    echo("peak resident memory: " + ", ".join(f"{k} {v / MiB:,.0f} MiB" for k, v in peaks.items()))
+    echo("peak resident memory over the run: " + ", ".join(f"{k} {v / MiB:,.0f} MiB" for k, v in peaks.items()))
+    echo(f"during a {largest} MiB put, peak growth: " + ", ".join(
+        f"{k} {v / MiB:,.1f} MiB" for k, v in memory["growth_bytes"].items()))
+    echo(f"  client {memory['client_over_array']:.2f}x the array; hosts " + ", ".join(
+        f"{v:.2f}x" for v in memory["host_over_shards"].values()) + " their shards; scheduler "
+        f"+{memory['scheduler_growth_mib']:.1f} MiB" + ("" if processes else " (in this process)"))
     result = {"config": cfg.__dict__, "gb_per_s": {op: {str(m): v for m, v in r.items()} for op, r in rates.items()},
-              "over_loopback_tcp": ratios, "peak_rss_bytes": peaks}
+              "over_loopback_tcp": ratios, "peak_rss_bytes": peaks, "memory_during_put": memory,
+              "processes": processes}
     html = save_plots(f"{out}/datapath.html", "pathdask bench datapath", [
         {"title": "data path bandwidth", "x_label": "array size (MiB)", "y_label": "GB/s", "log_x": True,
          "series": {op: (list(cfg.sizes_mib), [r[m] for m in cfg.sizes_mib]) for op, r in rates.items()}},

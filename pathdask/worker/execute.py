@@ -39,7 +39,7 @@ class KernelContext:
         devices = self.mesh.devices
         got = self.rt.exchange(
             self.prog.pid, self.gang.index, seq, self.device,
-            {devices[p]: contiguous(a) for p, a in sends.items()},
+            {devices[p]: np.asarray(a) for p, a in sends.items()},
             {devices[p].id for p in sources},
         )
         return {p: got[devices[p].id] for p in sources}
@@ -178,14 +178,14 @@ def _reshard(rt: Host, prog: HostProgram, op: ReshardOp, device: DeviceInfo, inp
     sends = {}
     for dst, index in op.sends:
         assert src is not None
-        sends[dst] = contiguous(src[index])
+        sends[dst] = src[index]  # a view: same-host pieces are not copied, remote ones stream
     got = rt.exchange(prog.pid, op.gang, 0, device, sends, {s for s, _ in op.recvs})
     if op.output is None:
         return ()
     if len(op.recvs) == 1:
         whole = got[op.recvs[0][0]]
         if whole.shape == op.output.shape and whole.dtype == np.dtype(op.output.dtype):
-            return (whole,)  # the one piece is the block: keep it (buffers are immutable), no copy
+            return (contiguous(whole),)  # the one piece is the block: kept (buffers are immutable)
     out = np.empty(op.output.shape, dtype=op.output.dtype)
     for s, index in op.recvs:
         out[index] = got[s]

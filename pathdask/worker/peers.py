@@ -10,12 +10,14 @@ through the peer's ``pathdask_stream`` handler and served by Dask's own
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from distributed.batched import BatchedSend
 from distributed.comm import connect, get_address_host
 from distributed.protocol import to_serialize
@@ -32,18 +34,20 @@ TRANSPORTS = ("socket", "dask")
 
 
 class Peers:
-    """Sends ``("xfer", pieces)`` and ``("abort", pid, gang, cause)`` to other hosts, from any thread.
+    """Sends ``("xfer", pieces)``, ``("abort", pid, gang, cause)`` and chunks of large pieces
+    (:meth:`send_chunk`) to other hosts, from any thread.
 
-    ``handle`` receives the same tuples from the socket transport; the Dask path
-    delivers them through the worker's stream handlers ``pathdask-xfer`` and
-    ``pathdask-abort`` instead.
+    ``handle`` receives the same tuples from the socket transport, and
+    ``("chunk", meta, nbytes)`` once ``sink(meta, nbytes)`` received a chunk's
+    bytes; the Dask path delivers them through the worker's stream handlers
+    ``pathdask-xfer``, ``pathdask-abort`` and ``pathdask-chunk`` instead.
     """
 
     def __init__(self, worker: Worker, loop: asyncio.AbstractEventLoop, kind: str,
-                 handle: Callable[[tuple[Any, ...]], None]) -> None:
+                 handle: Callable[[tuple[Any, ...]], None], sink: Callable[[Any, int], memoryview]) -> None:
         if kind not in TRANSPORTS:
             raise ValueError(f"pathdask.transport must be 'socket' or 'dask', got {kind!r}")
-        self.worker, self.loop, self.kind, self.handle = worker, loop, kind, handle
+        self.worker, self.loop, self.kind, self.handle, self.sink = worker, loop, kind, handle, sink
         self.transport: SocketTransport | None = None
         #: worker address -> its transport address; device threads fill it, under ``_lock``
         self.addresses: dict[str, str] = {}
@@ -61,7 +65,7 @@ class Peers:
             return
         security = self.worker.security
         self.transport = SocketTransport(
-            get_address_host(self.worker.address), self.handle, token,
+            get_address_host(self.worker.address), self.handle, self.sink, token,
             security.get_listen_args("worker").get("ssl_context"),
             security.get_connection_args("worker").get("ssl_context"),
         )
@@ -75,13 +79,8 @@ class Peers:
         if addr in self.lost:
             return  # it left: nothing there waits for this, and connecting would only time out
         if self.transport is not None:
-            try:
+            with self._reaching(addr):
                 self.transport.send(self._transport_address(addr), (kind, *args))
-            except (OSError, TimeoutError) as e:  # a reset or refused connection: the host died
-                self.mark_lost(addr)
-                raise DeviceLostError(
-                    f"Host {addr} cannot be reached ({type(e).__name__}: {e}); it left the cluster"
-                ) from e
             return
         msg: dict[str, Any]
         if kind == "xfer":
@@ -90,6 +89,35 @@ class Peers:
             pid, gang, cause = args
             msg = {"op": "pathdask-abort", "pid": pid, "gang": gang, "cause": to_serialize(cause)}
         self.loop.call_soon_threadsafe(self._send, addr, msg)
+
+    def send_chunk(self, addr: str, meta: Any, data: memoryview) -> None:
+        """One chunk of a large piece; the peer receives it straight into place."""
+        if addr in self.lost:
+            return
+        if self.transport is not None:
+            with self._reaching(addr):
+                self.transport.send_chunk(self._transport_address(addr), meta, data)
+            return
+        # the view keeps its (immutable) buffer alive until Dask has written it
+        msg = {"op": "pathdask-chunk", "meta": meta, "data": to_serialize(np.frombuffer(data, np.uint8))}
+        self.loop.call_soon_threadsafe(self._send, addr, msg)
+
+    def on_chunk(self, meta: Any, data: np.ndarray) -> None:
+        """The ``pathdask-chunk`` stream handler (Dask comms): put the bytes in place."""
+        target = self.sink(meta, data.nbytes)
+        target[:] = data.reshape(-1).view(np.uint8).data
+        self.handle(("chunk", meta, data.nbytes))
+
+    @contextlib.contextmanager
+    def _reaching(self, addr: str) -> Iterator[None]:
+        """A reset or refused connection means the host died: mark it lost, raise DeviceLostError."""
+        try:
+            yield
+        except (OSError, TimeoutError) as e:
+            self.mark_lost(addr)
+            raise DeviceLostError(
+                f"Host {addr} cannot be reached ({type(e).__name__}: {e}); it left the cluster"
+            ) from e
 
     def _transport_address(self, addr: str) -> str:
         with self._lock:

@@ -28,15 +28,17 @@ from typing import TYPE_CHECKING, Any
 
 import dask
 import numpy as np
-from dask.utils import parse_timedelta
+from dask.utils import parse_bytes, parse_timedelta
 from distributed import WorkerPlugin
 from distributed.core import error_message
 from distributed.protocol import to_serialize
 
 from ..errors import DeviceLostError, DispatchError, GangAbortedError
 from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, ReshardOp
+from ..sharding import contiguous
 from ..topology import DeviceInfo, Topology
 from .bounded import remember
+from .chunks import Reassembly, split
 from .device import DeviceStream
 from .futures import resolve
 from .ledger import HostProgram, Ledger
@@ -75,7 +77,13 @@ class HostRuntime(WorkerPlugin):
         self.address = worker.address
         self.loop = asyncio.get_running_loop()
         # before registering: a bad transport setting must not take a host
-        self.peers = Peers(worker, self.loop, dask.config.get("pathdask.transport"), self._on_message)
+        self.reassembly = Reassembly()
+        self.peers = Peers(worker, self.loop, dask.config.get("pathdask.transport"), self._on_message,
+                           self.reassembly.target)
+        self.chunk = parse_bytes(dask.config.get("pathdask.transfer-chunk"))
+        if self.chunk <= 0:
+            raise ValueError(f"pathdask.transfer-chunk must be a positive size such as '8 MiB', got "
+                             f"{dask.config.get('pathdask.transfer-chunk')!r}")
         requested = dask.config.get("pathdask.worker.host", None)
         if requested is None and isinstance(worker.name, int):
             requested = worker.name
@@ -121,6 +129,7 @@ class HostRuntime(WorkerPlugin):
         worker.stream_handlers.update({
             "pathdask-order": self.on_order,
             "pathdask-xfer": self.on_xfer,
+            "pathdask-chunk": self.peers.on_chunk,
             "pathdask-abort": self.on_abort,
             "pathdask-drop-client": self.drop_client,
             "pathdask-release-outputs": self.on_release_outputs,
@@ -294,6 +303,7 @@ class HostRuntime(WorkerPlugin):
         """A device popped ``pid`` (device thread); the last one ends it on this host."""
         if self.ledger.device_done(pid, device):
             self.mailbox.finish_program(pid)
+            self.reassembly.drop(pid)
             self.loop.call_soon_threadsafe(self._ended, pid)
 
     def _ended(self, pid: str) -> None:
@@ -329,7 +339,7 @@ class HostRuntime(WorkerPlugin):
             else:
                 remote[dst.address].append((key, me.id, value))
         for addr, pieces in remote.items():
-            self.peers.send(addr, "xfer", pieces)
+            self._send_pieces(addr, pieces)
         sent = time.perf_counter()
         got = self.mailbox.collect((pid, gang, seq, me.id), sources)
         stream = self.streams[me.id]
@@ -342,9 +352,23 @@ class HostRuntime(WorkerPlugin):
         wait_until(deadline, lambda: self.mailbox.check(pid, gang))
         return got
 
+    def _send_pieces(self, addr: str, pieces: list[tuple[tuple[str, int, int, int], int, np.ndarray]]) -> None:
+        """Small pieces go in one message; each large one streams in chunks (``chunks.py``)."""
+        small = [(k, s, contiguous(v)) for k, s, v in pieces if v.nbytes <= self.chunk]
+        if small:
+            self.peers.send(addr, "xfer", small)
+        for key, src, value in pieces:
+            if value.nbytes > self.chunk:
+                for offset, data in split(value, self.chunk):
+                    self.peers.send_chunk(addr, (key, src, value.shape, value.dtype.str, offset), data)
+
     def _on_message(self, message: tuple[Any, ...]) -> None:
         if message[0] == "xfer":
             self.on_xfer(message[1])
+        elif message[0] == "chunk":
+            piece = self.reassembly.landed(message[1], message[2])
+            if piece is not None:
+                self._deliver(message[1][0], message[1][1], piece)
         elif message[0] == "abort":
             self.on_abort(*message[1:])
 

@@ -30,20 +30,24 @@ from typing import Any
 
 logger = logging.getLogger("pathdask.transport")
 
-_HEADER = struct.Struct("!II")  # pickle length, number of out-of-band buffers
+_HEADER = struct.Struct("!II")  # pickle length, number of out-of-band buffers (or _CHUNK)
 _LEN = struct.Struct("!Q")
+#: in place of the number of buffers: a chunk frame, whose one buffer goes where ``sink`` says
+_CHUNK = 0xFFFFFFFF
 
 
-def _recv_exact(sock: socket.socket, n: int) -> memoryview:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
+def _recv_into(sock: socket.socket, view: memoryview) -> memoryview:
+    n, got = view.nbytes, 0
     while got < n:
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
             raise ConnectionError("peer closed the connection")
         got += k
     return view
+
+
+def _recv_exact(sock: socket.socket, n: int) -> memoryview:
+    return _recv_into(sock, memoryview(bytearray(n)))
 
 
 class SocketTransport:
@@ -54,16 +58,21 @@ class SocketTransport:
     host : str
         Interface to listen on (the worker's own host).
     handle : callable
-        Called in a receiver thread with each message object that arrives.
+        Called in a receiver thread with each message object that arrives, and
+        with ``("chunk", meta, nbytes)`` once a chunk's bytes are in place.
+    sink : callable
+        ``sink(meta, nbytes)`` says where a chunk's bytes go: a writable
+        ``memoryview`` of ``nbytes`` bytes (see :meth:`send_chunk`).
     token : bytes
         The secret every peer presents first; connections without it are closed.
     server_tls, client_tls : ssl.SSLContext, optional
         TLS contexts for accepted and opened connections (both or neither).
     """
 
-    def __init__(self, host: str, handle: Callable[[Any], None], token: bytes,
-                 server_tls: ssl.SSLContext | None = None, client_tls: ssl.SSLContext | None = None) -> None:
-        self.handle = handle
+    def __init__(self, host: str, handle: Callable[[Any], None], sink: Callable[[Any, int], memoryview],
+                 token: bytes, server_tls: ssl.SSLContext | None = None,
+                 client_tls: ssl.SSLContext | None = None) -> None:
+        self.handle, self.sink = handle, sink
         self.token = token
         self.server_tls, self.client_tls = server_tls, client_tls
         self.rejected = 0  # connections closed for a wrong token or a failed TLS handshake
@@ -92,6 +101,16 @@ class SocketTransport:
             else:
                 for part in parts:  # large buffers go without a copy
                     sock.sendall(part)
+
+    def send_chunk(self, peer: str, meta: Any, data: memoryview) -> None:
+        """Send ``data`` (bytes) with a small ``meta``; the peer receives the bytes straight
+        into the buffer its ``sink(meta, nbytes)`` returns, with no copy in between."""
+        sock, lock = self._peer(peer)
+        payload = pickle.dumps(meta, protocol=5)
+        head = _HEADER.pack(len(payload), _CHUNK) + payload + _LEN.pack(data.nbytes)
+        with lock:
+            sock.sendall(head)
+            sock.sendall(data)
 
     def _peer(self, peer: str) -> tuple[socket.socket, threading.Lock]:
         entry = self.peers.get(peer)
@@ -147,6 +166,9 @@ class SocketTransport:
             while not self.closing:
                 size, nbuf = _HEADER.unpack(_recv_exact(conn, _HEADER.size))
                 payload = _recv_exact(conn, size)
+                if nbuf == _CHUNK:
+                    self._receive_chunk(conn, pickle.loads(payload))
+                    continue
                 buffers = []
                 for _ in range(nbuf):
                     (n,) = _LEN.unpack(_recv_exact(conn, _LEN.size))
@@ -158,6 +180,14 @@ class SocketTransport:
                     logger.exception("pathdask: failed to handle a message from a peer host")
         except (ConnectionError, OSError):
             pass  # the peer went away or we are closing
+
+    def _receive_chunk(self, conn: socket.socket, meta: Any) -> None:
+        (n,) = _LEN.unpack(_recv_exact(conn, _LEN.size))
+        _recv_into(conn, self.sink(meta, n))
+        try:
+            self.handle(("chunk", meta, n))
+        except Exception:
+            logger.exception("pathdask: failed to handle a chunk from a peer host")
 
     def close(self) -> None:
         self.closing = True

@@ -1,0 +1,170 @@
+"""``CliSystem``: a pathdask system started with the plain ``dask`` CLI, every part its own process.
+
+It runs the scale-out recipe of ``cluster/README.md`` on this machine, on
+127.0.0.1: ``dask scheduler --preload pathdask.preload`` and one ``dask worker
+--preload pathdask.preload --pathdask-host N`` per host. Unlike
+:class:`~pathdask.LocalSystem`, whose scheduler lives in the calling process,
+here the client, the scheduler and each host are separate processes, so each
+one's memory and CPU can be measured on its own (``pathdask bench datapath``
+does), and what works here works on a cluster of machines.
+
+Examples
+--------
+>>> with CliSystem(Topology(islands=1, hosts_per_island=2)) as system:  # doctest: +SKIP
+...     client = system.client(name="alice")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+from distributed import Client as DaskClient
+
+from .client.client import Client
+from .topology import Topology
+
+__all__ = ["CliSystem", "dask_command"]
+
+
+def dask_command(sub: str) -> list[str]:
+    """``dask <sub>``: the ``dask`` script next to this Python, else on PATH, else ``-m``."""
+    script = Path(sys.executable).parent / "dask"
+    if script.exists():
+        return [str(script), sub]
+    found = shutil.which("dask")
+    return [found, sub] if found else [sys.executable, "-m", f"distributed.cli.dask_{sub}"]
+
+
+class CliSystem:
+    """A scheduler and one worker per host, started as subprocesses with the dask CLI.
+
+    Parameters
+    ----------
+    topology : Topology
+        Written to a YAML file that the scheduler's preload loads.
+    dashboard : bool
+        Serve the Dask dashboard (on a free loopback port).
+    timeout : float
+        Seconds to wait for the scheduler and every host to come up.
+
+    Processes are stopped by handle on :meth:`close` (workers first, then the
+    scheduler); their logs are in :attr:`workdir`.
+    """
+
+    def __init__(self, topology: Topology, *, dashboard: bool = False, timeout: float = 60.0) -> None:
+        self.topology = topology
+        self.dashboard = dashboard
+        self.timeout = timeout
+        self.workdir = Path(tempfile.mkdtemp(prefix="pathdask-cli-"))
+        self.procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
+        self.address = ""
+        self._admin: DaskClient | None = None
+        self._clients: list[Client] = []
+
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self) -> CliSystem:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start(self) -> None:
+        topo = self.workdir / "topology.yaml"
+        topo.write_text(yaml.safe_dump({"topology": self.topology.to_dict()}))
+        sched_file = self.workdir / "scheduler.json"
+        dashboard = ["--dashboard-address", "127.0.0.1:0"] + ([] if self.dashboard else ["--no-dashboard"])
+        self._spawn("scheduler", dask_command("scheduler") + [
+            "--host", "127.0.0.1", "--port", "0", "--scheduler-file", str(sched_file), *dashboard,
+            "--preload", "pathdask.preload", "--pathdask-topology", str(topo),
+        ])
+        self.address = self._wait(lambda: json.loads(sched_file.read_text())["address"], "the scheduler")
+        for host in range(self.topology.num_hosts):
+            self._spawn(f"host{host}", dask_command("worker") + [
+                self.address, "--host", "127.0.0.1", "--nthreads", str(self.topology.devices_per_host),
+                "--nworkers", "1", "--no-dashboard", "--name", f"host{host}",
+                "--local-directory", str(self.workdir / f"host{host}"), "--death-timeout", "60",
+                "--preload", "pathdask.preload", "--pathdask-host", str(host),
+            ])
+        self._admin = DaskClient(self.address, set_as_default=False)
+        admin = self._admin
+        n = self.topology.num_hosts
+        self._wait(lambda: admin.sync(admin.scheduler.pathdask_wait_hosts, n=n, timeout="1s"),
+                   f"{n} pathdask hosts")
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in close()
+        env = {**os.environ, "DASK_LOGGING__PATHDASK": "info"}
+        env.pop("DASK_SCHEDULER_ADDRESS", None)
+        # its own session: a Ctrl-C reaches only this process, which then stops them in order
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+        self.procs.append((name, proc, log))
+
+    def _wait(self, probe: Any, what: str) -> Any:
+        """Call ``probe`` until it answers, checking that every process lives; bounded."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            for name, proc, _ in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"`{name}` exited with {proc.returncode} while waiting for "
+                                       f"{what}; its log ends:\n{self.log(name)}")
+            try:
+                return probe()
+            except (OSError, ValueError, KeyError, TimeoutError):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{what} did not come up in {self.timeout:g}s; logs in "
+                                       f"{self.workdir}") from None
+                time.sleep(0.05)
+
+    def log(self, name: str, lines: int = 30) -> str:
+        """The last ``lines`` of a process's log (``scheduler``, ``host0``, ...)."""
+        text = (self.workdir / f"{name}.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def close(self) -> None:
+        for c in self._clients:
+            c.close()
+        self._clients.clear()
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
+        # workers first (SIGTERM lets each nanny close its worker), then the scheduler
+        for group in ([p for n, p, _ in self.procs if n != "scheduler"],
+                      [p for n, p, _ in self.procs if n == "scheduler"]):
+            for proc in group:
+                if proc.poll() is None:
+                    proc.terminate()
+            for proc in group:
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+        for _, _, log in self.procs:
+            log.close()
+        self.procs.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> CliSystem:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- use -------------------------------------------------------------------------
+    def client(self, name: str = "client", weight: float = 1.0) -> Client:
+        """A new pathdask client (one tenant) connected to this system."""
+        c = Client(self.address, name=name, weight=weight)
+        self._clients.append(c)
+        return c

@@ -1,0 +1,101 @@
+"""Large pieces move between hosts in chunks, received straight into their place.
+
+A piece bigger than ``pathdask.transfer-chunk`` is cut into chunks of about
+that size (:func:`split`). A contiguous piece is cut into byte ranges of its
+own buffer, with no copy; a strided view (a reshard's slice of a block) is cut
+along its leading axes and only one chunk at a time is made contiguous. The
+receiving host allocates the whole piece on its first chunk and receives every
+chunk straight into its place (:class:`Reassembly`), so neither side ever
+holds two full copies, and chunks to different peers interleave on the wire
+instead of one whole piece blocking the next.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..sharding import contiguous
+from .bounded import remember
+from .transfer import SlotKey
+
+#: what travels with each chunk: (exchange key, source device, piece shape, dtype str, byte offset)
+ChunkMeta = tuple[SlotKey, int, tuple[int, ...], str, int]
+
+
+def split(value: np.ndarray, chunk: int, offset: int = 0) -> Iterator[tuple[int, memoryview]]:
+    """``(byte offset, bytes)`` pairs that cover ``value`` in C order, each about ``chunk`` bytes.
+
+    Only a strided ``value`` is copied, one chunk at a time.
+    """
+    if value.flags.c_contiguous:
+        flat = value.reshape(-1).view(np.uint8).data
+        for start in range(0, value.nbytes, chunk):
+            yield offset + start, flat[start:start + chunk]
+        return
+    row = value.nbytes // value.shape[0]  # bytes per index of the leading axis
+    if row > chunk:  # one index is bigger than a chunk: cut inside it
+        for i in range(value.shape[0]):
+            yield from split(value[i], chunk, offset + i * row)
+        return
+    step = chunk // row
+    for i in range(0, value.shape[0], step):
+        yield offset + i * row, contiguous(value[i:i + step]).reshape(-1).view(np.uint8).data
+
+
+class Reassembly:
+    """Pieces arriving chunk by chunk, by (exchange key, source device).
+
+    Threads: socket receivers and the event loop call in; ``lock`` guards ``partial``
+    and ``ended``.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: (key, src) -> [the piece, its bytes, bytes still to come]
+        self.partial: dict[tuple[SlotKey, int], list[Any]] = {}
+        #: programs that ended here: their late chunks are received and forgotten
+        self.ended: OrderedDict[str, None] = OrderedDict()
+
+    def target(self, meta: ChunkMeta, nbytes: int) -> memoryview:
+        """Where a chunk of ``nbytes`` bytes goes: a writable slice of its piece."""
+        key, src, shape, dtype, offset = meta
+        with self.lock:
+            if key[0] in self.ended:
+                return memoryview(bytearray(nbytes))
+            entry = self.partial.get((key, src))
+            if entry is None:
+                piece = np.empty(shape, dtype=dtype)
+                entry = self.partial[(key, src)] = [piece, piece.reshape(-1).view(np.uint8).data,
+                                                    piece.nbytes]
+        return entry[1][offset:offset + nbytes]  # type: ignore[no-any-return]
+
+    def landed(self, meta: ChunkMeta, nbytes: int) -> np.ndarray | None:
+        """A chunk is in place; the whole piece once its last chunk is."""
+        key, src = meta[0], meta[1]
+        with self.lock:
+            entry = self.partial.get((key, src))
+            if entry is None:  # dropped while it arrived: nothing waits for it
+                return None
+            entry[2] -= nbytes
+            if entry[2] > 0:
+                return None
+            del self.partial[(key, src)]
+        piece: np.ndarray = entry[0]
+        piece.flags.writeable = False
+        return piece
+
+    def drop(self, program: str) -> None:
+        """Forget the partial pieces of a program that ended here (a sender may have died)."""
+        with self.lock:
+            remember(self.ended, program, None)
+            for k in [k for k in self.partial if k[0][0] == program]:
+                del self.partial[k]
+
+    def pending_bytes(self) -> int:
+        with self.lock:
+            return sum(e[0].nbytes for e in self.partial.values())
