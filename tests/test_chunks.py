@@ -33,7 +33,7 @@ def test_split_and_reassemble_give_back_the_piece(shape, chunk, step, dtype):
 
 def test_a_contiguous_piece_is_cut_without_copies():
     piece = np.arange(1000.0)
-    for offset, data in split(piece, 800):
+    for _, data in split(piece, 800):
         assert np.shares_memory(np.frombuffer(data, np.uint8), piece)
 
 
