@@ -14,6 +14,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from .chunking import empty, split
 from .topology import DeviceInfo
 
 __all__ = ["BufferKey", "Ref", "OutSpec", "KernelOp", "ReshardOp", "PutOp", "GangSpec", "HostPlan"]
@@ -73,11 +74,37 @@ class ReshardOp:
 
 @dataclass(frozen=True)
 class PutOp:
-    """Store a block that came with the dispatch (``client.put``)."""
+    """Store a block that came with the put's plan (``client.put``).
+
+    The block travels as ``parts``: runs of its C-order bytes, each at most one
+    Dask frame (``distributed.comm.shard``). Dask would split a larger block
+    into frames and merge them again on arrival into a second copy; here the
+    host fills the block part by part and lets each part go as soon as it is
+    copied (:meth:`take`), so a put never holds a block twice. A block of one
+    part is used as it came, without a copy. The only op that changes after it
+    is built: its parts are taken once (a put's plan is used once).
+    """
 
     gang: int
     output: OutSpec
-    data: np.ndarray
+    parts: list[np.ndarray]
+
+    @classmethod
+    def of(cls, gang: int, output: OutSpec, block: np.ndarray, part: int) -> PutOp:
+        return cls(gang, output, [np.frombuffer(b, np.uint8) for _, b in split(block, part)])
+
+    def take(self) -> np.ndarray:
+        """The block, built from the parts (which are let go one by one)."""
+        shape, dtype = self.output.shape, np.dtype(self.output.dtype)
+        if len(self.parts) == 1:
+            return self.parts.pop().view(dtype).reshape(shape)
+        block, data = empty(shape, dtype)
+        offset = 0
+        while self.parts:
+            part = self.parts.pop(0)
+            data[offset:offset + part.nbytes] = part.data
+            offset += part.nbytes
+        return block
 
 
 Op = Union[KernelOp, ReshardOp, PutOp]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathdask.worker.chunks import Reassembly, split
+from pathdask.chunking import split
+from pathdask.worker.chunks import Reassembly
 
 KEY = ("p", 0, 0, 1)
 
@@ -45,3 +47,14 @@ def test_chunks_of_a_program_that_ended_are_received_and_forgotten():
     assert not re.partial
     re.target((KEY, 3, (100,), "<f8", 400), 400)[:] = b"x" * 400  # late chunk: scratch space
     assert re.landed(meta, 400) is None and not re.partial
+
+
+@pytest.mark.parametrize("part", [7, 64, 10**6])
+def test_a_put_block_is_rebuilt_from_its_parts(part):
+    from pathdask.ops import OutSpec, PutOp
+
+    block = np.arange(60.0).reshape(6, 10)[:, ::2]  # strided: parts are copies, one at a time
+    op = PutOp.of(0, OutSpec(0, block.shape, block.dtype.str), block, part)
+    assert sum(p.nbytes for p in op.parts) == block.nbytes
+    np.testing.assert_array_equal(op.take(), block)
+    assert not op.parts  # each part was let go

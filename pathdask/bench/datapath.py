@@ -155,12 +155,14 @@ def run(cfg: Config, out: str = "bench-results", echo: Echo = print, processes: 
         gather = function(lambda b: all_gather(b, "d", tiled=True)[:4], in_specs=P("d"), out_specs=P(),
                           name="gathered")
         echo(f"pathdask bench datapath: float64 arrays over {mesh.size} devices on {len(mesh.hosts)} hosts")
+        # memory first, while every process is fresh: later runs leave freed pages behind
+        data = np.random.default_rng(0).random(largest * MiB // 8)
+        memory = memory_during_put(client, mesh, data, lambda x: head(x).result())
+        del data
         for mib in cfg.sizes_mib:
             measured = _measure(client, mesh, reverse, (head, ident, gather), mib, cfg.repeats)
             for op, rate in measured.items():
                 rates[op][mib] = rate
-        data = np.random.default_rng(0).random(largest * MiB // 8)
-        memory = memory_during_put(client, mesh, data, lambda x: head(x).result())
         peaks = {k: v["peak"] for k, v in _memory_everywhere(client).items()}
         client.close()
 

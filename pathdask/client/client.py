@@ -11,7 +11,7 @@ from typing import Any
 
 import dask
 import numpy as np
-from dask.utils import parse_timedelta
+from dask.utils import parse_bytes, parse_timedelta
 from distributed import Client as DaskClient
 from distributed.core import clean_exception
 from distributed.protocol import to_serialize
@@ -175,13 +175,14 @@ class Client:
         gang = GangSpec(0, "put", mesh.devices)
         pid = uuid.uuid4().hex
         plans: dict[str, HostPlan] = {}
+        part = _put_part(out.nbytes)
         for addr in mesh.hosts:
             local = [(p, d) for p, d in enumerate(mesh.devices) if d.address == addr]
             # The blocks travel with the plan, straight to their host (``_send_plans``),
             # never inside the graph: the scheduler sees only the program's keys.
             plans[addr] = HostPlan(
                 "put", {0: gang},
-                {d.id: (PutOp(0, out, blocks[p]),) for p, d in local},
+                {d.id: (PutOp.of(0, out, blocks[p], part),) for p, d in local},
                 {0: tuple((0, d.id) for _, d in local)},
                 id=pid, once=True,
             )
@@ -434,6 +435,17 @@ async def _unless_gone(work: Any, gone_waiter: Any, gone: BaseException) -> Any:
         for t in tasks:
             t.cancel()  # no-op for a finished one
             t.add_done_callback(_consume)  # whichever we did not read, its outcome is read
+
+
+def _put_part(block_nbytes: int) -> int:
+    """The size of the parts a put's block travels in (see :class:`~pathdask.ops.PutOp`).
+
+    A block that fits in one Dask frame goes whole and is stored without a copy; a
+    larger one Dask would merge into a second copy, so it goes in parts of
+    ``pathdask.transfer-chunk``, which the host copies in and lets go one by one.
+    """
+    frame = parse_bytes(dask.config.get("distributed.comm.shard"))
+    return max(block_nbytes, 1) if block_nbytes <= frame else parse_bytes(dask.config.get("pathdask.transfer-chunk"))
 
 
 def _consume(task: asyncio.Future[Any]) -> None:

@@ -1,9 +1,8 @@
 """Large pieces move between hosts in chunks, received straight into their place.
 
 A piece bigger than ``pathdask.transfer-chunk`` is cut into chunks of about
-that size (:func:`split`). A contiguous piece is cut into byte ranges of its
-own buffer, with no copy; a strided view (a reshard's slice of a block) is cut
-along its leading axes and only one chunk at a time is made contiguous. The
+that size (:func:`pathdask.chunking.split`: no copy of a contiguous piece, and
+one chunk at a time of a strided one, such as a reshard's slice of a block). The
 receiving host allocates the whole piece on its first chunk and receives every
 chunk straight into its place (:class:`Reassembly`), so neither side ever
 holds two full copies, and chunks to different peers interleave on the wire
@@ -14,37 +13,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from ..sharding import contiguous
+from ..chunking import empty
 from .bounded import remember
 from .transfer import SlotKey
 
 #: what travels with each chunk: (exchange key, source device, piece shape, dtype str, byte offset)
 ChunkMeta = tuple[SlotKey, int, tuple[int, ...], str, int]
-
-
-def split(value: np.ndarray, chunk: int, offset: int = 0) -> Iterator[tuple[int, memoryview]]:
-    """``(byte offset, bytes)`` pairs that cover ``value`` in C order, each about ``chunk`` bytes.
-
-    Only a strided ``value`` is copied, one chunk at a time.
-    """
-    if value.flags.c_contiguous:
-        flat = value.reshape(-1).view(np.uint8).data
-        for start in range(0, value.nbytes, chunk):
-            yield offset + start, flat[start:start + chunk]
-        return
-    row = value.nbytes // value.shape[0]  # bytes per index of the leading axis
-    if row > chunk:  # one index is bigger than a chunk: cut inside it
-        for i in range(value.shape[0]):
-            yield from split(value[i], chunk, offset + i * row)
-        return
-    step = chunk // row
-    for i in range(0, value.shape[0], step):
-        yield offset + i * row, contiguous(value[i:i + step]).reshape(-1).view(np.uint8).data
 
 
 class Reassembly:
@@ -69,9 +47,8 @@ class Reassembly:
                 return memoryview(bytearray(nbytes))
             entry = self.partial.get((key, src))
             if entry is None:
-                piece = np.empty(shape, dtype=dtype)
-                entry = self.partial[(key, src)] = [piece, piece.reshape(-1).view(np.uint8).data,
-                                                    piece.nbytes]
+                piece, data = empty(shape, dtype)
+                entry = self.partial[(key, src)] = [piece, data, piece.nbytes]
         return entry[1][offset:offset + nbytes]  # type: ignore[no-any-return]
 
     def landed(self, meta: ChunkMeta, nbytes: int) -> np.ndarray | None:

@@ -115,7 +115,7 @@ def run_op(rt: Host, prog: HostProgram, device: DeviceInfo, op: Op, clock: float
             deadline = worked = start
         else:
             assert isinstance(op, PutOp)
-            values = (op.data,)
+            values = (op.take(),)
             deadline = worked = start
         end = time.perf_counter()
         # If it waited for its deadline, the gang ended at its modelled time; else its real work did.

@@ -33,12 +33,13 @@ from distributed import WorkerPlugin
 from distributed.core import error_message
 from distributed.protocol import to_serialize
 
+from ..chunking import split
 from ..errors import DeviceLostError, DispatchError, GangAbortedError
 from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, ReshardOp
 from ..sharding import contiguous
 from ..topology import DeviceInfo, Topology
 from .bounded import remember
-from .chunks import Reassembly, split
+from .chunks import Reassembly
 from .device import DeviceStream
 from .futures import resolve
 from .ledger import HostProgram, Ledger

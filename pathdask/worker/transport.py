@@ -28,6 +28,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 logger = logging.getLogger("pathdask.transport")
 
 _HEADER = struct.Struct("!II")  # pickle length, number of out-of-band buffers (or _CHUNK)
@@ -47,7 +49,8 @@ def _recv_into(sock: socket.socket, view: memoryview) -> memoryview:
 
 
 def _recv_exact(sock: socket.socket, n: int) -> memoryview:
-    return _recv_into(sock, memoryview(bytearray(n)))
+    # np.empty, not bytearray: nothing is zero-filled only to be overwritten
+    return _recv_into(sock, np.empty(n, dtype=np.uint8).data)
 
 
 class SocketTransport:
