@@ -36,3 +36,24 @@ def test_transports(transport, chunk):
             partial = client.dask.run(lambda dask_worker: dask_worker.plugins["pathdask"].reassembly.partial)
             assert all(not p for p in partial.values()), partial
         assert_clean(system)
+
+
+def _shared_buffers(dask_worker) -> list[tuple[int, int]]:
+    """Pairs of devices of this host whose stored buffers share memory."""
+    bufs = [(k[2], b.value) for k, b in dask_worker.plugins["pathdask"].store.buffers.items()
+            if b.value is not None]
+    return [(d1, d2) for i, (d1, v1) in enumerate(bufs) for d2, v2 in bufs[i + 1:]
+            if d1 != d2 and np.shares_memory(v1, v2)]
+
+
+def test_a_same_host_move_shares_the_immutable_block(system, client):
+    """Moving a block to another device of the same host copies nothing (buffers are read-only)."""
+    host = [d for d in system.devices() if d["island"] == 0 and d["host"] == 0]
+    a, b = (d["id"] for d in host)
+    src, dst = client.mesh({"x": 2}, devices=[a, b]), client.mesh({"x": 2}, devices=[b, a])
+    x = client.put(np.arange(64.0).reshape(8, 8), src, P("x"))
+    moved = pw.function(lambda blk: blk, in_specs=P("x"), out_specs=P("x"))(x, mesh=dst)
+    np.testing.assert_array_equal(moved.result(), np.arange(64.0).reshape(8, 8))
+    shared = [p for pairs in client.dask.run(_shared_buffers).values() for p in pairs]
+    assert sorted(map(sorted, shared)) == [[a, b], [a, b]], shared  # each block is on both devices
+    del x, moved
