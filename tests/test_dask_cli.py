@@ -10,9 +10,7 @@ from __future__ import annotations
 import gc
 import json
 import os
-import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +21,7 @@ from distributed import Client as DaskClient
 
 import pathdask as pw
 from pathdask import P
+from pathdask.deploy import dask_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,17 +32,6 @@ topology:
   devices_per_host: 2
   hbm: 64 MiB
 """
-
-
-def dask_command(sub: str) -> list[str]:
-    """``dask scheduler`` / ``dask worker``: the ``dask`` script next to this Python, else on PATH."""
-    script = os.path.join(os.path.dirname(sys.executable), "dask")
-    if os.path.exists(script):
-        return [script, sub]
-    found = shutil.which("dask")
-    if found:
-        return [found, sub]
-    return [sys.executable, "-m", f"distributed.cli.dask_{sub}"]
 
 
 def tail(path: Path, n: int = 40) -> str:
