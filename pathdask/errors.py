@@ -8,6 +8,7 @@ was expected, what came, and what to do about it.
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
     "ClientClosedError",
     "DeviceLostError",
     "DeviceOutOfMemoryError",
@@ -74,3 +75,7 @@ class ReplicationError(ValueError):
 
 class ClientClosedError(RuntimeError):
     """The client that made an array or mesh is closed; its device buffers were freed."""
+
+
+class CheckpointError(ValueError):
+    """A path given to ``resume`` holds no pathdask checkpoint, or one this version cannot read."""

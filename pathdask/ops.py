@@ -17,7 +17,7 @@ import numpy as np
 from .chunking import empty, split
 from .topology import DeviceInfo
 
-__all__ = ["BufferKey", "Ref", "OutSpec", "KernelOp", "ReshardOp", "PutOp", "GangSpec", "HostPlan"]
+__all__ = ["BufferKey", "Ref", "OutSpec", "KernelOp", "ReshardOp", "PutOp", "LoadOp", "GangSpec", "HostPlan"]
 
 #: Dask key prefixes of a program's tasks: one dispatch task per host, one output task
 #: per (output, host) whose key owns that output's buffers on that host.
@@ -89,9 +89,14 @@ class PutOp:
     output: OutSpec
     parts: list[np.ndarray]
 
-    @classmethod
-    def of(cls, gang: int, output: OutSpec, block: np.ndarray, part: int) -> PutOp:
-        return cls(gang, output, [np.frombuffer(b, np.uint8) for _, b in split(block, part)])
+    @staticmethod
+    def parts_of(block: np.ndarray, part: int) -> list[np.ndarray]:
+        """``block``'s bytes in parts of at most ``part`` bytes (views, unless it is strided).
+
+        Ops of one block should share these part objects (each in a list of its own):
+        pickle then sends a replicated block once per host, not once per device.
+        """
+        return [np.frombuffer(b, np.uint8) for _, b in split(block, part)]
 
     def take(self) -> np.ndarray:
         """The block, built from the parts (which are let go one by one)."""
@@ -107,7 +112,25 @@ class PutOp:
         return block
 
 
-Op = Union[KernelOp, ReshardOp, PutOp]
+@dataclass(frozen=True)
+class LoadOp:
+    """Read a block from a checkpoint (``client.resume``): region ``index`` of the zarr
+    array ``name`` in the group at ``path``, read by the host that will hold it."""
+
+    gang: int
+    output: OutSpec
+    path: str
+    name: str
+    index: tuple[slice, ...]
+
+    def take(self) -> np.ndarray:
+        import zarr
+
+        block = np.asarray(zarr.open_array(store=f"{self.path}/{self.name}", mode="r")[self.index])
+        return block.reshape(self.output.shape)  # a 0-d array reads back as a NumPy scalar
+
+
+Op = Union[KernelOp, ReshardOp, PutOp, LoadOp]
 
 
 @dataclass(frozen=True)

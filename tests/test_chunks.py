@@ -54,7 +54,7 @@ def test_a_put_block_is_rebuilt_from_its_parts(part):
     from pathdask.ops import OutSpec, PutOp
 
     block = np.arange(60.0).reshape(6, 10)[:, ::2]  # strided: parts are copies, one at a time
-    op = PutOp.of(0, OutSpec(0, block.shape, block.dtype.str), block, part)
+    op = PutOp(0, OutSpec(0, block.shape, block.dtype.str), PutOp.parts_of(block, part))
     assert sum(p.nbytes for p in op.parts) == block.nbytes
     np.testing.assert_array_equal(op.take(), block)
     assert not op.parts  # each part was let go

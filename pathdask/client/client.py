@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import dask
@@ -171,23 +172,67 @@ class Client:
             raise TypeError("client.put needs a numeric array; got an array of Python objects")
         sharding = Sharding(data.shape, mesh, spec)
         blocks = sharding.split(data)
-        out = OutSpec(0, sharding.shard_shape, data.dtype.str)
+        part = _put_part(int(np.prod(sharding.shard_shape)) * data.dtype.itemsize)
+        # The blocks travel with the plan, straight to their host (``_send_plans``),
+        # never inside the graph: the scheduler sees only the program's keys.
+        parts: dict[int, list[np.ndarray]] = {}  # by block: a replicated block goes once per host
+
+        def put_op(p: int, out: OutSpec) -> PutOp:
+            if id(blocks[p]) not in parts:
+                parts[id(blocks[p])] = PutOp.parts_of(blocks[p], part)
+            return PutOp(0, out, list(parts[id(blocks[p])]))
+
+        return self._place(sharding, data.dtype, put_op, meta)
+
+    # -- checkpoints ----------------------------------------------------------------
+    def suspend(self, path: str | os.PathLike[str], arrays: Mapping[str, ShardedArray], *,
+                release: bool = True) -> list[str]:
+        """Write ``arrays`` (name -> array) to a zarr checkpoint at ``path``, and free their devices.
+
+        It waits for the programs that compute them. Each host writes the shards it
+        holds, all at once; nothing passes through this process or the scheduler. The
+        checkpoint is plain zarr: ``xarray.open_zarr(path)`` reads it without pathdask.
+        ``release=False`` keeps the arrays on their devices (a checkpoint, not a suspend).
+
+        Examples
+        --------
+        >>> client.suspend("state.zarr", {"w": w, "b": b})          # doctest: +SKIP
+        >>> state = client.resume("state.zarr"); w = state["w"]     # doctest: +SKIP
+        """
+        from .checkpoint import suspend
+
+        return suspend(self, path, arrays, release)
+
+    def resume(self, path: str | os.PathLike[str], *, island: int | None = None) -> dict[str, ShardedArray]:
+        """Read a checkpoint written by :meth:`suspend` back, by name.
+
+        Meshes of the same shapes are asked for again: they may land on other devices,
+        another island (``island``) or another system, as long as they fit. Each
+        device reads its own block from storage.
+        """
+        from .checkpoint import resume
+
+        return resume(self, path, island)
+
+    def _place(self, sharding: Sharding, dtype: np.dtype, op_for: Callable[[int, OutSpec], Any],
+               meta: dict[str, Any] | None = None) -> ShardedArray:
+        """A one-gang program that stores a block on every device of ``sharding``'s mesh:
+        ``op_for(position, out)`` says where each block comes from (a put, a checkpoint)."""
+        mesh = sharding.mesh
+        out = OutSpec(0, sharding.shard_shape, dtype.str)
         gang = GangSpec(0, "put", mesh.devices)
         pid = uuid.uuid4().hex
         plans: dict[str, HostPlan] = {}
-        part = _put_part(out.nbytes)
         for addr in mesh.hosts:
             local = [(p, d) for p, d in enumerate(mesh.devices) if d.address == addr]
-            # The blocks travel with the plan, straight to their host (``_send_plans``),
-            # never inside the graph: the scheduler sees only the program's keys.
             plans[addr] = HostPlan(
                 "put", {0: gang},
-                {d.id: (PutOp.of(0, out, blocks[p], part),) for p, d in local},
+                {d.id: (op_for(p, out),) for p, d in local},
                 {0: tuple((0, d.id) for _, d in local)},
                 id=pid, once=True,
             )
         futures = self._dispatch(pid, plans, (), ())
-        return ShardedArray(self, pid, 0, data.shape, data.dtype, mesh, spec, futures[0], meta)
+        return ShardedArray(self, pid, 0, sharding.shape, dtype, mesh, sharding.spec, futures[0], meta)
 
     # -- programs --------------------------------------------------------------
     def _run(self, program: Program, arrays: tuple[ShardedArray, ...]) -> Any:

@@ -12,7 +12,7 @@ import numpy as np
 from ..blocks import as_block
 from ..collectives import bind
 from ..errors import ReplicationError, ShapeMismatchError
-from ..ops import GangSpec, KernelOp, Op, OutSpec, PutOp, ReshardOp
+from ..ops import GangSpec, KernelOp, LoadOp, Op, OutSpec, PutOp, ReshardOp
 from ..sharding import contiguous
 from ..topology import DeviceInfo
 from .transfer import Aborted, wait_until
@@ -114,7 +114,7 @@ def run_op(rt: Host, prog: HostProgram, device: DeviceInfo, op: Op, clock: float
             values = _reshard(rt, prog, op, device, inputs)
             deadline = worked = start
         else:
-            assert isinstance(op, PutOp)
+            assert isinstance(op, (PutOp, LoadOp))
             values = (op.take(),)
             deadline = worked = start
         end = time.perf_counter()

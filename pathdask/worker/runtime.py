@@ -46,6 +46,7 @@ from .ledger import HostProgram, Ledger
 from .observe import StallWatch, diagnose, host_stats
 from .peers import Peers
 from .plans import PlanCache
+from .storage import save
 from .store import BufferStore
 from .transfer import LinkModel, Mailbox, wait_until
 
@@ -119,6 +120,7 @@ class HostRuntime(WorkerPlugin):
             pathdask_stream=self.peers.handle_stream,
             pathdask_plans=self.add_plans,
             pathdask_fetch=self.fetch,
+            pathdask_save=lambda path, writes: save(self, path, writes),
             pathdask_status=self.status,
             pathdask_stats=self.stats,
             pathdask_diagnose=self.diagnose,
