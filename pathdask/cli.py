@@ -134,6 +134,17 @@ def bench_datapath(small: bool, out: str, processes: bool) -> None:
     run(Config.small() if small else Config(), out=out, echo=click.echo, processes=processes)
 
 
+@bench.command("checkpoint")
+@click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
+@click.option("--out", default="bench-results", show_default=True, help="Folder for JSON.")
+@click.option("--folder", default=None, help="Where the checkpoints are written (default: a temporary folder).")
+def bench_checkpoint(small: bool, out: str, folder: str | None) -> None:
+    """Suspend and resume bandwidth (zarr, shard by shard) beside numpy.save and numpy.load."""
+    from .bench.checkpoint import Config, run
+
+    run(Config.small() if small else Config(), out=out, echo=click.echo, folder=folder)
+
+
 @bench.command("soak")
 @click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
 @click.option("--clients", type=click.IntRange(min=1), default=None, help="Concurrent clients.")

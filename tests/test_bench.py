@@ -68,3 +68,15 @@ def test_bench_datapath_small(tmp_path):
     assert memory["array_bytes"] == 8 * 2**20 and memory["client_over_array"] >= 1
     assert (tmp_path / "datapath.html").exists()
 
+
+
+@pytest.mark.slow
+def test_bench_checkpoint_small(tmp_path):
+    from pathdask.bench import checkpoint
+
+    result = checkpoint.run(checkpoint.Config.small(), out=str(tmp_path), echo=lambda s: None,
+                            folder=str(tmp_path))
+    data = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert all(v > 0 for v in data["gb_per_s"].values())
+    assert set(result["ratios"]) == {"suspend_over_numpy_save", "resume_over_numpy_load"}
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"]  # the checkpoints are gone
