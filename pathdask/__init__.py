@@ -22,6 +22,7 @@ from .collectives import (
     psum,
 )
 from .errors import (
+    CheckpointError,
     ClientClosedError,
     DeviceLostError,
     DeviceOutOfMemoryError,
@@ -44,6 +45,7 @@ from .topology import Link, Topology
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointError",
     "Client",
     "ClientClosedError",
     "DeviceLostError",

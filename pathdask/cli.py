@@ -40,11 +40,21 @@ def main() -> None:
               help="One worker process per host, or all hosts in this process.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the data and initial weights.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
-def demo(topology: str | None, steps: int, processes: bool, seed: int, progress: bool) -> None:
+@click.option("--elastic", is_flag=True,
+              help="Kill a training host mid-run: the loop re-meshes and resumes from its checkpoint.")
+def demo(topology: str | None, steps: int, processes: bool, seed: int, progress: bool, elastic: bool) -> None:
     """Train a sharded MLP on an embedded cluster and check it against NumPy."""
     from .demo import run_demo
 
     try:
+        if elastic:
+            from .demo_elastic import run_elastic_demo
+
+            if not processes:
+                raise click.UsageError("--elastic kills a worker process: it needs --processes")
+            if not run_elastic_demo(topology, steps=steps, seed=seed, progress=progress, echo=click.echo)["ok"]:
+                raise click.ClickException("the final loss does not match NumPy's")
+            return
         report = run_demo(topology, steps=steps, processes=processes, seed=seed, progress=progress,
                           echo=click.echo)
     except (SliceTooLargeError, TopologyError) as e:  # the user can fix these: no traceback

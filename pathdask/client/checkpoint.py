@@ -85,7 +85,8 @@ def suspend(client: Client, path: str | os.PathLike[str], arrays: Mapping[str, S
     return list(arrays)
 
 
-def resume(client: Client, path: str | os.PathLike[str], island: int | None = None) -> dict[str, ShardedArray]:
+def resume(client: Client, path: str | os.PathLike[str], island: int | None = None,
+           mesh: Mesh | None = None) -> dict[str, ShardedArray]:
     """Read a checkpoint back onto new meshes of the same shapes; see ``Client.resume``."""
     import zarr
 
@@ -101,7 +102,7 @@ def resume(client: Client, path: str | os.PathLike[str], island: int | None = No
     if info.get("format") != FORMAT:
         raise CheckpointError(f"The checkpoint at {path!r} has format {info.get('format')!r}; this "
                               f"version of pathdask reads format {FORMAT}")
-    meshes = [client.mesh(shape, island=island) for shape in info["meshes"]]
+    meshes = [mesh or client.mesh(shape, island=island) for shape in info["meshes"]]
     out = {}
     for name, m in info["arrays"].items():
         arr: Any = group[name]

@@ -125,6 +125,15 @@ class Client:
         """Every device with its island, host, slices and state."""
         return list(self.dask.sync(self.dask.scheduler.pathdask_info)["devices"])
 
+    def lost_devices(self) -> list[int]:
+        """Ids of the topology's devices that are not live now (their host left, or never came).
+
+        After a :class:`~pathdask.errors.DeviceLostError`, this says what is gone; the
+        next :meth:`mesh` picks only live devices, including those of a host that rejoined.
+        """
+        live = {d["id"] for d in self.devices()}
+        return sorted(set(range(self.topology.num_devices)) - live)
+
     def device_stats(self) -> dict[str, Any]:
         """Per device bytes in use, capacity, peak, busy time and gangs run; bytes per link class."""
         return dict(self.dask.sync(self.dask.scheduler.pathdask_stats))
@@ -203,16 +212,18 @@ class Client:
 
         return suspend(self, path, arrays, release)
 
-    def resume(self, path: str | os.PathLike[str], *, island: int | None = None) -> dict[str, ShardedArray]:
+    def resume(self, path: str | os.PathLike[str], *, island: int | None = None,
+               mesh: Mesh | None = None) -> dict[str, ShardedArray]:
         """Read a checkpoint written by :meth:`suspend` back, by name.
 
         Meshes of the same shapes are asked for again: they may land on other devices,
-        another island (``island``) or another system, as long as they fit. Each
-        device reads its own block from storage.
+        another island (``island``) or another system, as long as they fit. Or every
+        array goes onto ``mesh`` (say, a smaller one after a host was lost), whose axes
+        must include those the arrays' specs name. Each device reads its own block.
         """
         from .checkpoint import resume
 
-        return resume(self, path, island)
+        return resume(self, path, island, mesh)
 
     def _place(self, sharding: Sharding, dtype: np.dtype, op_for: Callable[[int, OutSpec], Any],
                meta: dict[str, Any] | None = None) -> ShardedArray:
