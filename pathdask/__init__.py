@@ -35,6 +35,7 @@ from .errors import (
     ShardingError,
     SliceTooLargeError,
     TopologyError,
+    UnfusedGraphError,
 )
 from .mesh import Mesh
 from .spec import P, PartitionSpec
@@ -68,6 +69,7 @@ __all__ = [
     "SliceTooLargeError",
     "Topology",
     "TopologyError",
+    "UnfusedGraphError",
     "all_gather",
     "all_to_all",
     "axis_index",

@@ -21,6 +21,7 @@ __all__ = [
     "ShardingError",
     "SliceTooLargeError",
     "TopologyError",
+    "UnfusedGraphError",
 ]
 
 
@@ -74,3 +75,7 @@ class ReplicationError(ValueError):
 
 class ClientClosedError(RuntimeError):
     """The client that made an array or mesh is closed; its device buffers were freed."""
+
+
+class UnfusedGraphError(RuntimeError):
+    """A program's per-gang graph was run task by task; it is for inspection, call the program."""
