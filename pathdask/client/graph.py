@@ -110,8 +110,8 @@ def _producers(program: Program) -> list[int]:
 def output_keys(program: Program) -> list[Any]:
     """The keys of the shards of the program's outputs (arguments returned as is have none)."""
     producer = {v: g for g in program.gangs for v in g.outputs}
-    return [(layer_name(producer[v]), d.id) for v in program.outputs if v in producer
-            for d in program.values[v].mesh.devices]
+    return list(dict.fromkeys((layer_name(producer[v]), d.id) for v in program.outputs if v in producer
+                              for d in program.values[v].mesh.devices))
 
 
 def layered_graph(program: Program) -> ProgramGraph:
