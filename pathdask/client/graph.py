@@ -131,26 +131,24 @@ def _replicated(g: GangNode, check: bool) -> tuple[tuple[str, ...], ...]:
 
 @functools.lru_cache(maxsize=512)
 def _layered(program: Program, check_replication: bool) -> ProgramGraph:
-    producer: dict[int, GangNode] = {v: g for g in program.gangs for v in g.outputs}
+    names = [layer_name(g) for g in program.gangs]
+    #: value id -> name of the layer that produces it (arguments have none)
+    producer: dict[int, str] = {v: names[g.index] for g in program.gangs for v in g.outputs}
 
     def ref(vid: int) -> Ref:
         return Ref("in", vid) if vid < program.n_inputs else Ref("v", vid)
 
-    def reads(vid: int, devices: tuple[int, ...]) -> list[TaskRef]:
-        """The tasks whose shards of value ``vid`` on ``devices`` a task reads."""
-        g = producer.get(vid)
-        return [] if g is None else [TaskRef((layer_name(g), d)) for d in devices]
-
     layers: dict[str, MaterializedLayer] = {}
     deps: dict[str, set[str]] = {}
     for g in program.gangs:
-        name = layer_name(g)
+        name = names[g.index]
         shards = _kernel_shards(g, ref, check_replication) if g.kind == "kernel" else _reshard_shards(program, g, ref)
         tasks: dict[Any, Task] = {}
         for shard, inputs in shards:
-            upstream = list(dict.fromkeys(t for vid, devs in inputs for t in reads(vid, devs)))
+            # the tasks whose shards of each input, on the devices given, this task reads
+            upstream = dict.fromkeys((producer[vid], d) for vid, devs in inputs if vid in producer for d in devs)
             key = (name, shard.device.id)
-            tasks[key] = Task(key, shard, *upstream)
+            tasks[key] = Task(key, shard, *map(TaskRef, upstream))
         members = shards[0][0].gang.members if shards else ()
         layers[name] = MaterializedLayer(tasks, annotations={
             "gang": g.name,
@@ -160,8 +158,8 @@ def _layered(program: Program, check_replication: bool) -> ProgramGraph:
             "devices": tuple(d.id for d in members),
             "hosts": tuple(dict.fromkeys(d.address for d in members)),
             "cost": g.cost_s,
-        })
-        deps[name] = {layer_name(producer[v]) for v in g.inputs if v in producer}
+        }, collection_annotations={"type": "pathdask.gang", "program": program.name})
+        deps[name] = {producer[v] for v in g.inputs if v in producer}
     graph = ProgramGraph(layers, deps)
     graph.program = program
     return graph
@@ -176,11 +174,9 @@ def _kernel_shards(g: GangNode, ref: Any, check_replication: bool) -> Shards:
     spec = GangSpec(g.index, g.name, g.mesh.devices, g.mesh, g.function.body, g.cost_s,
                     _replicated(g, check_replication))
     outs = tuple(OutSpec(v, b.shape, b.dtype) for v, b in zip(g.outputs, g.block_avals))
-    return [
-        (GangShard(spec, dev, KernelOp(g.index, p, tuple(ref(v) for v in g.inputs), outs)),
-         [(v, (dev.id,)) for v in g.inputs])
-        for p, dev in enumerate(g.mesh.devices)
-    ]
+    refs = tuple(ref(v) for v in g.inputs)
+    return [(GangShard(spec, dev, KernelOp(g.index, p, refs, outs)), [(v, (dev.id,)) for v in g.inputs])
+            for p, dev in enumerate(g.mesh.devices)]
 
 
 def _reshard_shards(program: Program, g: GangNode, ref: Any) -> Shards:
