@@ -168,6 +168,7 @@ def test_dask_compute_persist_and_wait(client, meshes):
     x = client.put(data, m0, P("x", None))
     y = scale(x)
     assert dask.is_dask_collection(y)
+    assert y.__dask_scheduler__ == client.dask.get  # never Dask's local schedulers
     assert dask.base.tokenize(y) == dask.base.tokenize(y) != dask.base.tokenize(x)
     (got,) = dask.compute(y)  # the collection's own scheduler: the pathdask client's Dask client
     np.testing.assert_array_equal(got, data * 2)

@@ -52,6 +52,11 @@ class ShardedArray:
     It is returned at once by ``client.put`` and by program calls; ``result()``
     waits for the devices and gathers the shards into NumPy. Its device buffers
     live while it does: ``delete()`` or garbage collection frees them.
+
+    It is also a Dask collection: ``dask.compute(x)`` returns what ``x.result()``
+    does, ``dask.persist(x)`` an equivalent array, and ``distributed.wait(x)``
+    waits for its Dask keys. Those hold handles, not data: they are ready once the
+    program is dispatched on every host; the devices may still be running it.
     """
 
     def __init__(self, client: ArrayOwner, pid: str, vid: int, shape: tuple[int, ...], dtype: Any,

@@ -12,6 +12,11 @@ resharding gang, on the devices it receives pieces from.
 Dask never runs this graph shard by shard: that would cost a trip through the
 Dask scheduler per shard and per gang (ARCHITECTURE, decision 2). What is
 submitted is its fusion, one dispatch task per host.
+
+A ``HighLevelGraph`` rather than a dict graph with an annotation per task:
+a gang is a layer, so its annotations are stated once, and Dask's own HTML
+repr shows the program gang by gang. The graph is built once per traced
+program and cached with it; a call of a program only looks up its fusion.
 """
 
 from __future__ import annotations
