@@ -36,6 +36,7 @@ from .errors import (
     ShardingError,
     SliceTooLargeError,
     TopologyError,
+    UnfusedGraphError,
 )
 from .mesh import Mesh
 from .spec import P, PartitionSpec
@@ -70,6 +71,7 @@ __all__ = [
     "SliceTooLargeError",
     "Topology",
     "TopologyError",
+    "UnfusedGraphError",
     "all_gather",
     "all_to_all",
     "axis_index",

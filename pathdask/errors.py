@@ -22,6 +22,7 @@ __all__ = [
     "ShardingError",
     "SliceTooLargeError",
     "TopologyError",
+    "UnfusedGraphError",
 ]
 
 
@@ -79,3 +80,7 @@ class ClientClosedError(RuntimeError):
 
 class CheckpointError(ValueError):
     """A path given to ``resume`` holds no pathdask checkpoint, or one this version cannot read."""
+
+
+class UnfusedGraphError(RuntimeError):
+    """A program's per-gang graph was run task by task; it is for inspection, call the program."""

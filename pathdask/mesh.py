@@ -121,6 +121,19 @@ class Mesh:
         where = ", ".join(f"i{d.island}h{d.host}d{d.index}" for d in self.devices)
         return f"Mesh({self.shape}, devices=[{where}])"
 
+    def _repr_html_(self) -> str:
+        from .html import card, host_label, mesh_svg, table
+
+        hosts = {d.address: host_label(d) for d in self.devices}
+        rows = [
+            ("axes", ", ".join(f"{a}: {n}" for a, n in self.axes)),
+            ("devices", ", ".join(str(i) for i in self.device_ids)),
+            ("island" + ("s" if len(self.islands) > 1 else ""), ", ".join(map(str, self.islands))),
+            ("hosts", ", ".join(f"{label} ({addr or 'unplaced'})" for addr, label in hosts.items())),
+            ("slice", self.slice_id or "-"),
+        ]
+        return card("pathdask.Mesh", f"{self.size} device(s)", table(rows), mesh_svg(self))
+
 
 @functools.lru_cache(maxsize=4096)
 def _group_cached(mesh: Mesh, position: int, axis_names: tuple[str, ...]) -> tuple[int, ...]:

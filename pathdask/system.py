@@ -130,6 +130,36 @@ class LocalSystem:
     def dashboard_link(self) -> str | None:
         return self._require().dashboard_link if self._dashboard else None
 
+    def __repr__(self) -> str:
+        t = self.topology
+        where = f"scheduler={self.cluster.scheduler_address}" if self.cluster is not None else "not started"
+        return (f"<pathdask.LocalSystem {t.islands}x{t.hosts_per_island}x{t.devices_per_host} devices, "
+                f"{where}, {sum(not c._closed for c in self._clients)} open client(s)>")
+
+    def _repr_html_(self) -> str:
+        from .html import card, columns, details, link, table
+
+        rows: list[tuple[str, Any]] = [("topology", self.topology.describe())]
+        if self.cluster is None:
+            return card("pathdask.LocalSystem", "not started", table([*rows, ("status", "not started")]))
+        info = self._admin_call("pathdask_info")
+        rows += [
+            ("scheduler", self.cluster.scheduler_address),
+            ("dashboard", link(self.dashboard_link) if self.dashboard_link else "off"),
+            ("processes", self._cluster_kwargs["processes"]),
+        ]
+        hosts: dict[str, list[dict[str, Any]]] = {}
+        for d in info["devices"]:
+            hosts.setdefault(d["address"], []).append(d)
+        host_rows = [(devs[0]["island"], devs[0]["host"], addr, " ".join(str(d["id"]) for d in devs),
+                      sum(bool(d["slices"]) for d in devs)) for addr, devs in hosts.items()]
+        client_rows = [(c.get("name", ""), f"{c.get('weight', 1.0):g}", cid) for cid, c in info["clients"].items()]
+        return card("pathdask.LocalSystem", self.topology.describe().split(";")[0], table(rows)
+                    + details(f"Hosts ({len(host_rows)})", columns(
+                        ("island", "host", "address", "devices", "devices in slices"), host_rows))
+                    + details(f"Clients ({len(client_rows)})", columns(("name", "weight", "id"), client_rows),
+                              open_=True))
+
     def _require(self) -> LocalCluster:
         if self.cluster is None:
             raise RuntimeError("This LocalSystem is not started; use `with LocalSystem(...)` or .start()")

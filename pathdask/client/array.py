@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+from dask.highlevelgraph import HighLevelGraph
 
 from ..errors import ClientClosedError
+from ..gather import OutputRef
 from ..mesh import Mesh
 from ..sharding import Sharding
 from ..spec import PartitionSpec
@@ -16,6 +19,7 @@ if TYPE_CHECKING:
     import threading
 
     import xarray as xr
+    from distributed import Client as DaskClient
     from distributed import Future
 
     from ..topology import Topology
@@ -28,6 +32,7 @@ class ArrayOwner(Protocol):
     _closed: bool
     name: str
     topology: Topology
+    dask: DaskClient
 
     def _fetch(self, array: ShardedArray, timeout: Any = None) -> np.ndarray:
         """Gather the array's shards from their hosts."""
@@ -47,6 +52,11 @@ class ShardedArray:
     It is returned at once by ``client.put`` and by program calls; ``result()``
     waits for the devices and gathers the shards into NumPy. Its device buffers
     live while it does: ``delete()`` or garbage collection frees them.
+
+    It is also a Dask collection: ``dask.compute(x)`` returns what ``x.result()``
+    does, ``dask.persist(x)`` an equivalent array, and ``distributed.wait(x)``
+    waits for its Dask keys. Those hold handles, not data: they are ready once the
+    program is dispatched on every host; the devices may still be running it.
     """
 
     def __init__(self, client: ArrayOwner, pid: str, vid: int, shape: tuple[int, ...], dtype: Any,
@@ -84,9 +94,33 @@ class ShardedArray:
     def key(self) -> tuple[str, int]:
         return (self._pid, self._vid)
 
+    @property
+    def ref(self) -> OutputRef:
+        """Where this array's shards are (the handle its Dask keys stand for)."""
+        return OutputRef(self._pid, self._vid, self.sharding, self.dtype.str)
+
     def __repr__(self) -> str:
         return (f"ShardedArray(shape={self.shape}, dtype={self.dtype}, spec={self.spec}, "
                 f"mesh={self.mesh.shape}{', deleted' if self._deleted else ''})")
+
+    def _repr_html_(self) -> str:
+        from dask.utils import format_bytes
+
+        from ..html import card, sharding_svg, table
+
+        sharding = self.sharding
+        rows = [
+            ("shape", self.shape),
+            ("dtype", self.dtype),
+            ("bytes", format_bytes(self.nbytes)),
+            ("block shape", sharding.shard_shape),
+            ("spec", self.spec),
+            ("mesh", ", ".join(f"{a}: {n}" for a, n in self.mesh.axes) + f" on devices {list(self.mesh.device_ids)}"),
+            ("status", self.status),
+            ("program", self._pid),
+        ]
+        return card("pathdask.ShardedArray", f"{self.ndim}-d {self.dtype} array", table(rows),
+                    sharding_svg(sharding))
 
     @property
     def status(self) -> str:
@@ -97,6 +131,61 @@ class ShardedArray:
         if self.client._closed:
             return "closed"
         return self.client._status(self)
+
+    # -- the Dask collection protocol --------------------------------------------
+    # The array's Dask keys are its program's output keys, one per host holding
+    # shards. They hold small handles; the data stays on the devices. So
+    # ``dask.compute`` finalizes by gathering from the hosts as ``result()`` does,
+    # and ``dask.persist`` / ``distributed.wait`` act on the keys alone.
+
+    def __dask_graph__(self) -> HighLevelGraph:
+        self._check_alive()
+        layer = {f.key: f for f in self._futures.values()}
+        return HighLevelGraph.from_collections(self._layer_name, layer, dependencies=())
+
+    def __dask_keys__(self) -> list[Any]:
+        return [f.key for f in self._futures.values()]
+
+    def __dask_layers__(self) -> tuple[str, ...]:
+        return (self._layer_name,)
+
+    @property
+    def _layer_name(self) -> str:
+        return f"pathdask-array-{self._pid}-{self._vid}"
+
+    def __dask_tokenize__(self) -> Any:
+        return ("pathdask.ShardedArray", self._pid, self._vid)
+
+    @staticmethod
+    def __dask_optimize__(dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        return dsk  # nothing to optimize: the keys are computed already
+
+    @property
+    def __dask_scheduler__(self) -> Any:
+        """The ``get`` of the client's Dask client: never Dask's local schedulers, which
+        cannot run pathdask handles."""
+        self._check_alive()
+        return self.client.dask.get
+
+    def __dask_postcompute__(self) -> tuple[Any, tuple[Any, ...]]:
+        from ..worker.tasks import gather_task
+
+        return gather_task, (self.ref,)
+
+    def __dask_postpersist__(self) -> tuple[Any, tuple[Any, ...]]:
+        return self._rebuild, ()
+
+    def _rebuild(self, dsk: Mapping[Any, Future], *, rename: Mapping[str, str] | None = None) -> ShardedArray:
+        """The same array, held by the futures of ``dsk`` (``dask.persist``)."""
+        if rename:
+            raise NotImplementedError(
+                "A ShardedArray's keys cannot be renamed (dask.graph_manipulation): they own "
+                "device buffers. Compute it (dask.compute or .result()) and put the result again"
+            )
+        host_of = {f.key: addr for addr, f in self._futures.items()}
+        futures = {host_of[key]: f for key, f in dsk.items()}
+        return ShardedArray(self.client, self._pid, self._vid, self.shape, self.dtype, self.mesh, self.spec,
+                            futures, self._xarray)
 
     # -- data ------------------------------------------------------------------
     def result(self, timeout: Any = None) -> np.ndarray:

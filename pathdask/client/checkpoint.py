@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from distributed.core import clean_exception
 
 from ..errors import CheckpointError
+from ..gather import raise_reply_error
 from ..mesh import Mesh
 from ..ops import LoadOp, OutSpec
 from ..sharding import Sharding
@@ -62,7 +62,7 @@ def suspend(client: Client, path: str | os.PathLike[str], arrays: Mapping[str, S
                                "meshes": [dict(m.shape) for m in meshes]}
     writes: dict[str, list[tuple[str, str, int, int, tuple[slice, ...]]]] = {}
     for name, a in arrays.items():
-        for addr, items in client._shards(a).items():
+        for addr, items in a.ref.shards().items():
             writes.setdefault(addr, []).extend((name, *buf, a.sharding.index(p)) for p, buf in items)
 
     async def write() -> None:
@@ -71,9 +71,7 @@ def suspend(client: Client, path: str | os.PathLike[str], arrays: Mapping[str, S
             for addr, w in writes.items()))
         for reply in replies:
             if "error" in reply:
-                _, exc, tb = clean_exception(**reply["error"])
-                assert exc is not None
-                raise exc.with_traceback(tb)
+                raise_reply_error(reply["error"])
 
     client.dask.sync(write)
     with warnings.catch_warnings():  # zarr notes that v3 has no consolidated metadata in its spec yet;

@@ -14,11 +14,11 @@ import dask
 import numpy as np
 from dask.utils import parse_bytes, parse_timedelta
 from distributed import Client as DaskClient
-from distributed.core import clean_exception
 from distributed.protocol import to_serialize
 
 from ..diagnosis import Diagnosis
 from ..errors import ClientClosedError, DeviceLostError, MeshError, ShardingError
+from ..gather import gather, raise_reply_error
 from ..mesh import Mesh, check_shape
 from ..ops import PLANS_PER_CLIENT, GangSpec, HostPlan, OutSpec, PutOp
 from ..sharding import Sharding
@@ -105,7 +105,7 @@ class Client:
             self.dask.scheduler.pathdask_mesh, client=self.id, shape=dict(shape), island=island, hints=hints
         )
         if "error" in reply:
-            _raise(reply["error"])
+            raise_reply_error(reply["error"])
         infos = [DeviceInfo(DeviceId(i), isl, h, ix, addr) for i, isl, h, ix, addr in reply["devices"]]
         return Mesh.create(dict(shape), infos, reply["slice"], self.id)
 
@@ -370,22 +370,13 @@ class Client:
         for f in futures:
             f.add_done_callback(done)
 
-    def _shards(self, array: ShardedArray) -> dict[str, list[tuple[int, tuple[str, int, int]]]]:
-        """Per host, (mesh position, buffer) of one copy of each distinct block of ``array``."""
-        want: dict[str, list[tuple[int, tuple[str, int, int]]]] = {}
-        for positions in array.sharding.positions_by_block().values():
-            p = positions[0]
-            dev = array.mesh.devices[p]
-            want.setdefault(dev.address, []).append((p, (array._pid, array._vid, dev.id)))
-        return want
-
     def _status(self, array: ShardedArray) -> str:
         """``error`` if any shard failed, ``ready`` once all are computed, else ``pending``."""
         async def ask() -> list[list[str]]:
             return list(await asyncio.gather(*(
                 self._ask_host(addr, "pathdask_status", "holds shards of this array",
                                buffers=[b for _, b in items])
-                for addr, items in self._shards(array).items())))
+                for addr, items in array.ref.shards().items())))
 
         try:
             states = {s for reply in self.dask.sync(ask) for s in reply}
@@ -395,31 +386,24 @@ class Client:
 
     def _fetch(self, array: ShardedArray, timeout: Any = None) -> np.ndarray:
         seconds = parse_timedelta(timeout) if timeout is not None else None
-        sharding = array.sharding
-        want = self._shards(array)
 
-        async def fetch_from(addr: str, buffers: list[tuple[str, int, int]]) -> list[np.ndarray]:
-            reply = await self._ask_host(addr, "pathdask_fetch", "holds shards of this array", buffers=buffers)
-            if "error" in reply:
-                _raise(reply["error"])
-            return list(reply["values"])
+        async def ask(addr: str, buffers: list[tuple[str, int, int]]) -> dict[str, Any]:
+            return dict(await self._ask_host(addr, "pathdask_fetch", "holds shards of this array",
+                                             buffers=buffers))
 
-        async def gather() -> list[list[np.ndarray]]:
+        async def fetch() -> np.ndarray:
             # The hosts answer once the shards are computed, or with the error that ended
             # the program: a failed kernel, a failed dispatch (dropped on every host by
             # the scheduler), a lost host.
-            fetch = asyncio.gather(*(fetch_from(addr, [b for _, b in items]) for addr, items in want.items()))
             try:
-                return list(await asyncio.wait_for(fetch, seconds))
+                return await asyncio.wait_for(gather(array.ref, ask), seconds)
             except TimeoutError:
                 raise TimeoutError(
                     f"The shards of program {array._pid} were not ready within {seconds:g}s. "
                     f"{await self._waiting_for(array._pid)}"
                 ) from None
 
-        replies = self.dask.sync(gather)
-        blocks = {p: value for items, reply in zip(want.values(), replies) for (p, _), value in zip(items, reply)}
-        return sharding.assemble(blocks, array.dtype)
+        return self.dask.sync(fetch)
 
     # -- diagnosis -----------------------------------------------------------------
     def diagnose(self) -> Diagnosis:
@@ -516,13 +500,6 @@ def _labels_for(shape: tuple[int, ...], arrays: tuple[ShardedArray, ...]) -> dic
         if a._xarray is not None and a.shape == shape:
             return {"dims": a._xarray["dims"], "coords": a._xarray.get("coords")}
     return None
-
-
-def _raise(error: dict[str, Any]) -> None:
-    """Raise the exception of an ``error_message`` reply, with its own type and traceback."""
-    _, exc, tb = clean_exception(**error)
-    assert exc is not None
-    raise exc.with_traceback(tb)
 
 
 def connect(address: str, *, name: str = "client", weight: float = 1.0, timeout: Any = "30s",

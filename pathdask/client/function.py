@@ -82,6 +82,13 @@ class Function:
 
         return call_function(self, args, mesh)
 
+    def dask_graph(self, *args: Any, mesh: Mesh | None = None) -> Any:
+        """The one-gang program that ``self(*args, mesh=mesh)`` runs, as a Dask graph
+        (see :meth:`ProgramFunction.dask_graph <pathdask.ProgramFunction.dask_graph>`)."""
+        from .program import direct_program
+
+        return direct_program(self, mesh).dask_graph(*args)
+
     def check_args(self, avals: Sequence[Aval], mesh: Mesh) -> list[Sharding]:
         if len(avals) != len(self.in_specs):
             raise ShardingError(

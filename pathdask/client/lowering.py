@@ -1,6 +1,9 @@
 """Lowering: a :class:`Program` becomes one :class:`HostPlan` per host, then a Dask graph.
 
-The graph has one layer per host, pinned to that host's worker, holding:
+A program is first a per-gang graph (``graph.py``: one layer per gang, one task
+per shard). The fusion pass (:func:`fuse`) turns each host's part of all its
+layers into one plan, cached per program. Each call then submits a graph with
+one layer per host, pinned to that host's worker, holding:
 
 - one *dispatch* task that registers the host's part of every gang with the
   host runtime and returns at once (parallel asynchronous dispatch);
@@ -19,53 +22,45 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
-import dask
 from dask._task_spec import Task, TaskRef
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from ..ops import DISPATCH_PREFIX, OUT_PREFIX, GangSpec, HostPlan, KernelOp, Op, OutSpec, Ref, ReshardOp
-from ..sharding import reshard_plan
-from ..topology import DeviceInfo
+from ..ops import DISPATCH_PREFIX, OUT_PREFIX, GangSpec, HostPlan, Op
+from .graph import GangShard, ProgramGraph, layered_graph
 from .program import Program
 
 
 def lower(program: Program) -> dict[str, HostPlan]:
-    """Per host address, the plan of that host's devices for ``program`` (cached)."""
-    return _lower(program, bool(dask.config.get("pathdask.check-replication")))
+    """Per host address, the plan of that host's devices for ``program`` (cached).
 
-
-def _replicated(g: Any, check: bool) -> tuple[tuple[str, ...], ...]:
-    """Per output of kernel gang ``g``, the mesh axes its blocks must agree along (if checked)."""
-    if not check:
-        return ()
-    axes = tuple(tuple(a for a, n in g.mesh.axes if n > 1 and a not in spec.mesh_axes)
-                 for spec in g.function.out_specs)
-    return axes if any(axes) else ()
+    It is the fusion of the program's per-gang graph (:func:`~.graph.layered_graph`).
+    """
+    return _fused(layered_graph(program))
 
 
 @functools.lru_cache(maxsize=512)
-def _lower(program: Program, check_replication: bool) -> dict[str, HostPlan]:
+def _fused(graph: ProgramGraph) -> dict[str, HostPlan]:
+    return fuse(graph)
+
+
+def fuse(graph: ProgramGraph) -> dict[str, HostPlan]:
+    """The fusion pass: each host's part of every layer (gang) of ``graph``, as one plan.
+
+    Like dask.array's blockwise fusion, it turns many small tasks into few: a host's
+    plan lists, per local device, the ops of its tasks in layer (program) order, and
+    becomes that host's one dispatch task (:func:`build_graph`). Dependencies between
+    the tasks need no Dask edges after fusion: a device runs its ops in order, and data
+    moves between devices runtime to runtime.
+    """
+    program = graph.program
     ops: dict[str, dict[int, list[Op]]] = defaultdict(lambda: defaultdict(list))
     gangs: dict[str, dict[int, GangSpec]] = defaultdict(dict)
-
-    def ref(vid: int) -> Ref:
-        return Ref("in", vid) if vid < program.n_inputs else Ref("v", vid)
-
-    def add(dev: DeviceInfo, op: Op, spec: GangSpec) -> None:
-        ops[dev.address][dev.id].append(op)
-        gangs[dev.address][spec.index] = spec
-
-    for g in program.gangs:
-        if g.kind == "kernel":
-            assert g.function is not None
-            spec = GangSpec(g.index, g.name, g.mesh.devices, g.mesh, g.function.body, g.cost_s,
-                            _replicated(g, check_replication))
-            for p, dev in enumerate(g.mesh.devices):
-                outs = tuple(OutSpec(v, b.shape, b.dtype) for v, b in zip(g.outputs, g.block_avals))
-                add(dev, KernelOp(g.index, p, tuple(ref(v) for v in g.inputs), outs), spec)
-        else:
-            _lower_reshard(program, g.index, g.inputs[0], g.outputs[0], ref, add)
-
+    for layer in graph.layers.values():
+        for task in layer.values():
+            shard: GangShard = task.func
+            dev = shard.device
+            ops[dev.address][dev.id].append(shard.op)
+            gangs[dev.address][shard.gang.index] = shard.gang
     owned: dict[str, dict[int, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
     for j, vid in enumerate(program.outputs):
         if vid < program.n_inputs:
@@ -82,31 +77,6 @@ def _lower(program: Program, check_replication: bool) -> dict[str, HostPlan]:
         )
         for addr, dev_ops in ops.items()
     }
-
-
-def _lower_reshard(program: Program, index: int, src_vid: int, dst_vid: int, ref: Any, add: Any) -> None:
-    src, dst = program.values[src_vid], program.values[dst_vid]
-    dst_sharding = dst.sharding
-    pieces = reshard_plan(src.sharding, dst_sharding)
-    sends: dict[int, list[tuple[DeviceInfo, Any]]] = defaultdict(list)
-    recvs: dict[int, list[tuple[int, Any]]] = defaultdict(list)
-    for pc in pieces:
-        s, t = src.mesh.devices[pc.src], dst.mesh.devices[pc.dst]
-        sends[s.id].append((t, pc.src_index))
-        recvs[t.id].append((s.id, pc.dst_index))
-    by_id: dict[int, DeviceInfo] = {d.id: d for d in (*src.mesh.devices, *dst.mesh.devices)}
-    targets = {d.id for d in dst.mesh.devices}
-    members = tuple(by_id[i] for i in sorted(set(sends) | targets))
-    spec = GangSpec(index, "reshard", members)
-    out = OutSpec(dst_vid, dst_sharding.shard_shape, dst.dtype)
-    for dev in members:
-        add(dev, ReshardOp(
-            index,
-            ref(src_vid) if dev.id in sends else None,
-            tuple(sends.get(dev.id, ())),
-            tuple(recvs.get(dev.id, ())),
-            out if dev.id in targets else None,
-        ), spec)
 
 
 Graph = tuple[HighLevelGraph, list[Any], dict[int, dict[str, Any]]]

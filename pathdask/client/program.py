@@ -24,6 +24,7 @@ from .function import Aval, Function
 
 if TYPE_CHECKING:
     from .array import ShardedArray
+    from .graph import ProgramGraph
 
 __all__ = ["Program", "ProgramFunction", "program"]
 
@@ -70,6 +71,27 @@ class Program:
     def __repr__(self) -> str:
         kinds = [g.name for g in self.gangs]
         return f"<Program {self.name}: {len(self.gangs)} gang(s) {kinds[:8]}{'...' if len(kinds) > 8 else ''}>"
+
+    def _repr_html_(self) -> str:
+        from ..html import card
+        return card("pathdask.Program", self.name, self._html_body())
+
+    def _html_body(self, *rows: tuple[str, Any]) -> str:
+        """``rows`` and this program's own rows, then its gangs."""
+        from ..html import columns, details, host_label, table
+
+        rows += (("gangs", len(self.gangs)), ("inputs", self.n_inputs), ("outputs", len(self.outputs)))
+        gangs = columns(("#", "gang", "kind", "mesh", "devices", "hosts", "cost (s)"), (
+            (g.index, g.name, g.kind, ", ".join(f"{a}: {n}" for a, n in g.mesh.axes),
+             " ".join(str(i) for i in g.mesh.device_ids),
+             " ".join(dict.fromkeys(host_label(d) for d in g.mesh.devices)), f"{g.cost_s:g}")
+            for g in self.gangs[:MAX_GANGS_SHOWN]))
+        more = f"<p>... and {len(self.gangs) - MAX_GANGS_SHOWN} more</p>" if len(self.gangs) > MAX_GANGS_SHOWN else ""
+        return table(rows) + details("Gangs", gangs + more, open_=len(self.gangs) <= 16)
+
+
+#: gangs listed in a program's HTML repr
+MAX_GANGS_SHOWN = 64
 
 
 class Traced:
@@ -174,14 +196,16 @@ def call_function(fn: Function, args: tuple[Any, ...], mesh: Mesh | None) -> Any
                     "through closures or functools.partial"
                 )
         return tr.call(fn, args, mesh)
-    key = mesh
+    return direct_program(fn, mesh)(*args)
+
+
+def direct_program(fn: Function, mesh: Mesh | None) -> ProgramFunction:
+    """The one-gang program that a direct call of ``fn`` runs (one per mesh, cached)."""
     direct = fn.__dict__.setdefault("_direct_programs", {})
-    prog = direct.get(key)
+    prog = direct.get(mesh)
     if prog is None:
-        prog = direct[key] = ProgramFunction(
-            lambda *xs: fn(*xs, mesh=mesh), name=fn.name
-        )
-    return prog(*args)
+        prog = direct[mesh] = ProgramFunction(lambda *xs: fn(*xs, mesh=mesh), name=fn.name)
+    return prog
 
 
 class ProgramFunction:
@@ -198,7 +222,19 @@ class ProgramFunction:
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
-        return f"<pathdask.program {self.name}>"
+        with self._lock:
+            n = len(self._cache)
+        return f"<pathdask.program {self.name}: traced for {n} signature(s)>"
+
+    def _repr_html_(self) -> str:
+        from ..html import card, table
+
+        with self._lock:
+            traced = list(self._cache.values())
+        if not traced:
+            return card("pathdask.program", self.name, table([
+                ("traced", "not yet: call it, or .trace(*arrays), to see its gangs")]))
+        return card("pathdask.program", self.name, traced[-1]._html_body(("signatures traced", len(traced))))
 
     def trace(self, *arrays: ShardedArray) -> Program:
         """The :class:`Program` for these arguments (cached per signature)."""
@@ -224,6 +260,22 @@ class ProgramFunction:
             with self._lock:
                 self._cache[sig] = prog
         return prog
+
+    def dask_graph(self, *arrays: ShardedArray) -> ProgramGraph:
+        """The program on these arguments as a Dask graph: one layer per gang, one task per shard.
+
+        For looking at (its HTML repr in a notebook, ``dask.visualize``); calling the
+        program submits this graph fused into one task per host.
+
+        Examples
+        --------
+        >>> g = step.dask_graph(x, w)                  # doctest: +SKIP
+        >>> list(g.layers)                             # doctest: +SKIP
+        ['layer-0', 'reshard-1', 'layer-2']
+        """
+        from .graph import layered_graph
+
+        return layered_graph(self.trace(*arrays))
 
     def __call__(self, *args: Any) -> Any:
         tr = _current()

@@ -1,5 +1,7 @@
 """The Dask tasks a lowered program consists of; they run on the host they are pinned to.
 
+Also the finalize task of ``dask.compute`` on a ShardedArray (``gather_task``).
+
 None of them waits, while it holds one of Dask's execution slots, for a side
 effect of another Dask task: a dispatch finds its plan in the host's cache
 (its client sent it ahead) or fails at once, and sequential dispatch's gang
@@ -10,6 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from ..errors import DeviceLostError
+from ..gather import Buffer, OutputRef, gather
 from ..ops import HostPlan
 from .runtime import runtime
 
@@ -40,3 +46,26 @@ def run_gang_task(registered: str, pid: str, gang: int, device: int, *upstream: 
 def output_task(pid: str, index: int, *upstream: Any) -> tuple[str, int]:
     """A program output's handle on this host. Its key owns the output's buffers here."""
     return (pid, index)
+
+
+def gather_task(handles: list[Any], ref: OutputRef) -> np.ndarray:
+    """``dask.compute``'s finalize of a ShardedArray: its global array, gathered from the hosts.
+
+    ``handles`` are the values of the array's output keys; the shards themselves are
+    fetched from their hosts, as ``ShardedArray.result()`` does. The wait for the
+    devices leaves Dask's thread pool (``secede``), as it may take a while.
+    """
+    from distributed import get_worker, secede
+    from distributed.utils import sync
+
+    worker = get_worker()
+    secede()
+
+    async def ask(addr: str, buffers: list[Buffer]) -> dict[str, Any]:
+        try:
+            return dict(await worker.rpc(addr).pathdask_fetch(buffers=buffers))
+        except OSError as e:  # CommClosedError is one
+            raise DeviceLostError(f"Host {addr}, which holds shards of this array, is gone "
+                                  f"({type(e).__name__}: {e})") from e
+
+    return sync(worker.loop, gather, ref, ask)
