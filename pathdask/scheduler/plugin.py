@@ -44,6 +44,7 @@ HANDLERS = (
     "pathdask_wait_idle",
     "pathdask_timeline",
     "pathdask_reset_observations",
+    "pathdask_trace",
 )
 
 
@@ -73,6 +74,7 @@ class PathwaysScheduler(SchedulerPlugin):
         make_policy(self.policy)  # an unknown name fails here, where the system is configured
 
     async def start(self, scheduler: Scheduler) -> None:
+        from ..dashboard import Collector, install
         from ..worker.runtime import HostRuntime
 
         self.scheduler = scheduler
@@ -84,12 +86,21 @@ class PathwaysScheduler(SchedulerPlugin):
         self.output_owners: dict[Any, str] = {}  # output key -> address of the host it owns buffers on
         #: the secret hosts present to each other on the socket transport (sent over Dask comms)
         self.transport_token = secrets.token_bytes(32)
+        self.progress = asyncio.Event()  # set whenever the order changed (programs slotted or ended)
+        #: the record of device activity that the dashboard and traces read
+        self.activity = Collector(self._broadcast)
         for name in HANDLERS:
             scheduler.handlers[name] = getattr(self, name[len("pathdask_"):])
         scheduler.stream_handlers["pathdask-program-done"] = self.program_done
         await scheduler.register_worker_plugin(
             None, dumps(HostRuntime()), name="pathdask", idempotent=False
         )
+        self.activity.start()
+        install(scheduler)
+
+    async def close(self) -> None:
+        if hasattr(self, "activity"):
+            self.activity.stop()
 
     # -- hosts ---------------------------------------------------------------
     async def register_host(self, address: str, requested: int | None = None) -> dict[str, Any]:
@@ -176,6 +187,7 @@ class PathwaysScheduler(SchedulerPlugin):
     # -- clients -------------------------------------------------------------
     def register_client(self, client: str, name: str, weight: float = 1.0) -> dict[str, Any]:
         self.clients[client] = {"name": name, "weight": weight}
+        self.activity.record.name_client(client, name)
         return self.info()
 
     def remove_client(self, scheduler: Scheduler, client: str) -> None:
@@ -257,6 +269,7 @@ class PathwaysScheduler(SchedulerPlugin):
 
     def _send_orders(self, slotted: list[tuple[int, Submission]]) -> None:
         """Tell each host of each newly slotted program where it goes in its devices' order."""
+        self.progress.set()
         if not self.ordering:
             return
         per_host: dict[str, list[tuple[str, str, list[int]]]] = {}
@@ -334,6 +347,23 @@ class PathwaysScheduler(SchedulerPlugin):
 
     async def reset_observations(self) -> None:
         await self._broadcast({"op": "pathdask_reset_observations"})
+        self.activity.record.clear()
+
+    async def trace(self, timeout: Any = "10s") -> dict[str, Any]:
+        """Every recorded gang (the dashboard's timeline view), once the programs that were
+        slotted when it was asked have ended everywhere, so that their gangs are all in it."""
+        from ..dashboard.views import timeline
+
+        deadline = asyncio.get_running_loop().time() + parse_timedelta(timeout)
+        running = set(self.order.inflight)
+        while running & set(self.order.inflight):
+            self.progress.clear()
+            try:
+                await asyncio.wait_for(self.progress.wait(), deadline - asyncio.get_running_loop().time())
+            except TimeoutError:
+                break  # a program that does not end: trace what ran so far
+        await self.activity.refresh()
+        return timeline(self.activity.record)
 
     async def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
         """Wait until every host holds no buffers and no program; raises ``TimeoutError`` otherwise."""
