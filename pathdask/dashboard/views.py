@@ -26,7 +26,8 @@ def timeline(record: ActivityRecord, since: float | None = None, limit: int | No
     if limit is not None:
         gangs = gangs[len(gangs) - limit:] if limit > 0 else []
     return {"now": time.time(), "updated": record.updated, "devices": record.devices(),
-            "clients": dict(record.names), "count": len(gangs), "gangs": columns(gangs)}
+            "clients": dict(record.names), "recorded": len(record.gangs), "count": len(gangs),
+            "gangs": columns(gangs)}
 
 
 def memory(record: ActivityRecord) -> dict[str, Any]:

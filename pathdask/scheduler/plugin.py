@@ -88,7 +88,7 @@ class PathwaysScheduler(SchedulerPlugin):
         self.transport_token = secrets.token_bytes(32)
         self.progress = asyncio.Event()  # set whenever the order changed (programs slotted or ended)
         #: the record of device activity that the dashboard and traces read
-        self.activity = Collector(self._broadcast)
+        self.activity = Collector(self._ask_quietly)
         for name in HANDLERS:
             scheduler.handlers[name] = getattr(self, name[len("pathdask_"):])
         scheduler.stream_handlers["pathdask-program-done"] = self.program_done
@@ -98,9 +98,11 @@ class PathwaysScheduler(SchedulerPlugin):
         self.activity.start()
         install(scheduler)
 
-    async def close(self) -> None:
+    async def before_close(self) -> None:
         if hasattr(self, "activity"):
             self.activity.stop()
+
+    close = before_close
 
     # -- hosts ---------------------------------------------------------------
     async def register_host(self, address: str, requested: int | None = None) -> dict[str, Any]:
@@ -266,6 +268,19 @@ class PathwaysScheduler(SchedulerPlugin):
     async def _broadcast(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Ask every live pathdask host; a host that dies meanwhile is left out of the replies."""
         return dict(await self.scheduler.broadcast(msg=msg, workers=list(self.resources.hosts), on_error="ignore"))
+
+    async def _ask_quietly(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """``_broadcast`` for background pulls: a host that fails to answer (it is leaving, or
+        the scheduler is closing) is left out without an error in the log; the next pull asks again."""
+        async def ask(addr: str) -> tuple[str, Any]:
+            try:
+                call = getattr(self.scheduler.rpc(addr), msg["op"])
+                return addr, await call(**{k: v for k, v in msg.items() if k != "op"})
+            except Exception as e:  # noqa: BLE001
+                logger.debug("pathdask: %s did not answer %s: %r", addr, msg["op"], e)
+                return addr, None
+
+        return dict(await asyncio.gather(*(ask(a) for a in list(self.resources.hosts))))
 
     def _send_orders(self, slotted: list[tuple[int, Submission]]) -> None:
         """Tell each host of each newly slotted program where it goes in its devices' order."""
