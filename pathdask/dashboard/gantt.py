@@ -48,7 +48,7 @@ def bars(gangs: Mapping[str, Sequence[Any]], names: Mapping[str, str], colors: M
 
 def gantt_figure(source: ColumnDataSource, devices: Sequence[int], **kwargs: Any) -> Any:
     """A Bokeh figure drawing ``source`` (columns :data:`FIELDS`) with a row per device."""
-    kwargs.setdefault("height", max(240, 36 * len(devices) + 100))
+    kwargs.setdefault("height", max(300, 50 * len(devices) + 160))
     kwargs.setdefault("title", "device timeline (colour: client)")
     kwargs.setdefault("y_range", DataRange1d())
     kwargs["y_range"].flipped = True  # device 0 on top, as a list reads
