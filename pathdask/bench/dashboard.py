@@ -153,7 +153,7 @@ def run(cfg: Config, out: str = "bench-results", echo: Echo = print, processes: 
             while recorded(root) < cfg.gangs:  # the record fills as the tenants run
                 work.wait(0.5)
             fill_s = time.perf_counter() - start
-            rows = []
+            rows: list[dict[str, Any]] = []
             for kind, path in [("api", f"pathdask/api/{v}") for v in VIEWS] + [("page", f"pathdask/{v}") for v in VIEWS]:
                 times = [fetch(f"{root}/{path}")[0] * 1e3 for _ in range(cfg.repeats)]
                 rows.append({"route": f"/{path}", "kind": kind, "median_ms": statistics.median(times),
