@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from bokeh.models import ColumnDataSource, DataRange1d, FixedTicker, HoverTool
 from bokeh.palettes import Category10_10, Category20_20
 from bokeh.plotting import figure
@@ -26,22 +27,26 @@ def palette(clients: Sequence[str]) -> dict[str, str]:
     return {c: colors[i % len(colors)] for i, c in enumerate(clients)}
 
 
-def bars(gangs: Mapping[str, Sequence[Any]], names: Mapping[str, str], colors: Mapping[str, str]) -> dict[str, list[Any]]:
+def bars(gangs: Mapping[str, Sequence[Any]], names: Mapping[str, str], colors: Mapping[str, str]) -> dict[str, Any]:
     """A Gantt data source's columns from gangs as columns (``device``, ``start``, ``end`` in
-    wall-clock seconds, ``program``, ``gang``, ``client``, ``bytes_in``, ``bytes_out``, ``name``)."""
-    start, end, device = gangs["start"], gangs["end"], gangs["device"]
+    wall-clock seconds, ``program``, ``gang``, ``client``, ``bytes_in``, ``bytes_out``, ``name``).
+
+    Numbers are NumPy arrays, which Bokeh sends to the browser as binary, not as JSON lists.
+    """
+    start, end = np.asarray(gangs["start"], dtype=float), np.asarray(gangs["end"], dtype=float)
+    device = np.asarray(gangs["device"], dtype=float)
     return {
-        "left": [s * 1e3 for s in start],  # Bokeh's datetime axis counts milliseconds
-        "right": [e * 1e3 for e in end],
-        "bottom": [d - 0.4 for d in device],
-        "top": [d + 0.4 for d in device],
-        "device": list(device),
+        "left": start * 1e3,  # Bokeh's datetime axis counts milliseconds
+        "right": end * 1e3,
+        "bottom": device - 0.4,
+        "top": device + 0.4,
+        "device": device.astype(int),
         "client": [names.get(c, c) for c in gangs["client"]],
         "program": [f"{n} ({p})" if n else p for n, p in zip(gangs["name"], gangs["program"])],
         "gang": list(gangs["gang"]),
-        "duration_ms": [(e - s) * 1e3 for s, e in zip(start, end)],
-        "bytes_in": list(gangs["bytes_in"]),
-        "bytes_out": list(gangs["bytes_out"]),
+        "duration_ms": (end - start) * 1e3,
+        "bytes_in": np.asarray(gangs["bytes_in"], dtype=np.int64),
+        "bytes_out": np.asarray(gangs["bytes_out"], dtype=np.int64),
         "color": [colors.get(c, "#888888") for c in gangs["client"]],
     }
 
