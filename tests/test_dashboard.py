@@ -141,6 +141,8 @@ def test_pages_are_served_and_in_the_more_menu(dashboard):
     assert status == 200 and "css" in kind
     with pytest.raises(urllib.error.HTTPError, match="404"):
         get(root, "pathdask/api/nothing")
+    with pytest.raises(urllib.error.HTTPError, match="since must be a number"):
+        get(root, "pathdask/api/timeline?since=yesterday")
 
 
 def test_trace_matches_what_ran(dashboard):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from distributed.http.utils import RequestHandler
+from tornado import web
 
 from . import views
 
@@ -36,8 +37,8 @@ class ViewHandler(RequestHandler):
             await collector.refresh(max_age=collector.interval, timeout=FRESH_TIMEOUT)
         record = collector.record
         if view == "timeline":
-            since, limit = self.get_argument("since", None), self.get_argument("limit", None)
-            out = views.timeline(record, float(since) if since else None, int(limit) if limit else None)
+            since, limit = self._number("since", float), self._number("limit", int)
+            out = views.timeline(record, since, limit)
         elif view == "memory":
             out = views.memory(record)
         elif view == "links":
@@ -47,6 +48,14 @@ class ViewHandler(RequestHandler):
         else:
             out = views.resources(plugin)
         self.write(out)
+
+
+    def _number(self, name: str, kind: type[float] | type[int]) -> Any:
+        text = self.get_argument(name, None)
+        try:
+            return None if text in (None, "") else kind(text)
+        except ValueError:
+            raise web.HTTPError(400, reason=f"{name} must be a number ({kind.__name__}), got {text!r}") from None
 
 
 def routes(prefix: str) -> list[tuple[str, type, dict[str, Any]]]:
