@@ -21,6 +21,7 @@ from .collectives import (
     ppermute,
     psum,
 )
+from .dashboard import trace as _trace  # noqa: F401  (registers the Dataset accessor .pathdask)
 from .errors import (
     CheckpointError,
     ClientClosedError,

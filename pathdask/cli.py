@@ -155,6 +155,21 @@ def bench_checkpoint(small: bool, out: str, folder: str | None) -> None:
     run(Config.small() if small else Config(), out=out, echo=click.echo, folder=folder)
 
 
+@bench.command("dashboard")
+@click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
+@click.option("--gangs", type=click.IntRange(min=1), default=None, help="Gangs recorded before timing.  [default: 10000]")
+@click.option("--out", default="bench-results", show_default=True, help="Folder for JSON.")
+@click.option("--processes/--threads", default=True, show_default=True,
+              help="One worker process per host, or all hosts in this process.")
+def bench_dashboard(small: bool, gangs: int | None, out: str, processes: bool) -> None:
+    """How fast each dashboard page and JSON route answers with a full activity record."""
+    from .bench.dashboard import Config, run
+
+    cfg = Config.small() if small else Config()
+    cfg.gangs = gangs or cfg.gangs
+    run(cfg, out=out, echo=click.echo, processes=processes)
+
+
 @bench.command("soak")
 @click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
 @click.option("--clients", type=click.IntRange(min=1), default=None, help="Concurrent clients.")

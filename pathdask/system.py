@@ -7,7 +7,7 @@ import logging
 import signal
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed import Client as DaskClient
 from distributed import LocalCluster, Security
@@ -17,6 +17,9 @@ from .diagnosis import Diagnosis
 from .interrupts import unwinding
 from .scheduler.plugin import PathwaysScheduler
 from .topology import Topology
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 __all__ = ["LocalSystem", "default_topology"]
 
@@ -189,6 +192,12 @@ class LocalSystem:
         ``print(system.diagnose())`` is the first thing to read when a notebook seems stuck.
         """
         return Diagnosis.from_reply(self._admin_call("pathdask_diagnose"))
+
+    def trace(self, timeout: Any = "10s") -> xr.Dataset:
+        """Device activity as an ``xarray.Dataset``; see :meth:`pathdask.Client.trace`."""
+        from .dashboard.trace import to_dataset
+
+        return to_dataset(self._admin_call("pathdask_trace", timeout=timeout))
 
     def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
         """Wait until no device holds a buffer; returns the stats, or raises ``TimeoutError``."""

@@ -80,3 +80,18 @@ def test_bench_checkpoint_small(tmp_path):
     assert all(v > 0 for v in data["gb_per_s"].values())
     assert set(result["ratios"]) == {"suspend_over_numpy_save", "resume_over_numpy_load"}
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"]  # the checkpoints are gone
+
+
+@pytest.mark.slow
+def test_bench_dashboard_small(tmp_path, capsys):
+    from pathdask.bench import dashboard
+
+    cfg = dashboard.Config(gangs=300, repeats=2)
+    result = dashboard.run(cfg, out=str(tmp_path), echo=print, processes=False)
+    data = json.loads((tmp_path / "dashboard.json").read_text())
+    assert data["devices"] == 8 and data["gangs_recorded"] >= 300
+    routes = {r["route"] for r in data["routes"]}
+    assert routes == {f"/pathdask/{p}{v}" for p in ("", "api/") for v in dashboard.VIEWS}
+    assert all(0 < r["median_ms"] <= r["max_ms"] for r in data["routes"])
+    assert all(n > 0 for n in result["calls"].values())
+    assert "/pathdask/api/timeline" in capsys.readouterr().out  # the table of figures is printed

@@ -8,7 +8,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask
 import numpy as np
@@ -27,6 +27,9 @@ from ..topology import DeviceId, DeviceInfo, Topology
 from .array import ShardedArray
 from .lowering import build_graph, build_sequential_graph, lower
 from .program import Program
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 __all__ = ["Client", "connect"]
 
@@ -148,6 +151,17 @@ class Client:
     def reset_observations(self) -> None:
         """Forget the recorded idle gaps and timelines on every host."""
         self.dask.sync(self.dask.scheduler.pathdask_reset_observations)
+
+    def trace(self, timeout: Any = "10s") -> xr.Dataset:
+        """Device activity as an ``xarray.Dataset`` (dims ``device`` x ``event``), every client's.
+
+        Programs running when it is called are waited for (up to ``timeout``), so
+        that their gangs are in it. ``trace.pathdask.plot()`` draws it; see
+        :mod:`pathdask.dashboard.trace` for its variables.
+        """
+        from ..dashboard.trace import to_dataset
+
+        return to_dataset(self.dask.sync(self.dask.scheduler.pathdask_trace, timeout=timeout))
 
     # -- data ----------------------------------------------------------------------
     def put(self, array: Any, mesh: Mesh, spec: PartitionSpec | Mapping[str, str | tuple[str, ...] | None] | None = None) -> ShardedArray:

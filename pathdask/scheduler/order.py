@@ -163,6 +163,7 @@ class IslandScheduler:
         self.pending_hosts: dict[str, set[str]] = {}  # slotted program -> hosts still running it
         self.device_load: dict[int, int] = {}
         self.waiting: set[str] = set()
+        self.done: dict[str, int] = {}  # client -> programs that ended on all their hosts
 
     def submit(self, sub: Submission, weight: float) -> list[tuple[int, Submission]]:
         """Take a submission; returns the (slot, submission) pairs that are now slotted."""
@@ -180,6 +181,7 @@ class IslandScheduler:
             return []
         del self.pending_hosts[pid]
         sub = self.inflight.pop(pid)
+        self.done[sub.client] = self.done.get(sub.client, 0) + 1
         for d in sub.devices:
             self.device_load[d] -= 1
         return self._fill()
@@ -192,6 +194,7 @@ class IslandScheduler:
         for pid in [p for p, s in self.inflight.items() if s.client == client]:
             for host in list(self.pending_hosts.get(pid, ())):
                 out += self.host_done(pid, host)
+        self.done.pop(client, None)
         return out + self._fill()
 
     def host_lost(self, host: str) -> tuple[list[Submission], list[tuple[int, Submission]]]:

@@ -44,6 +44,7 @@ HANDLERS = (
     "pathdask_wait_idle",
     "pathdask_timeline",
     "pathdask_reset_observations",
+    "pathdask_trace",
 )
 
 
@@ -73,6 +74,7 @@ class PathwaysScheduler(SchedulerPlugin):
         make_policy(self.policy)  # an unknown name fails here, where the system is configured
 
     async def start(self, scheduler: Scheduler) -> None:
+        from ..dashboard import Collector, install
         from ..worker.runtime import HostRuntime
 
         self.scheduler = scheduler
@@ -84,12 +86,23 @@ class PathwaysScheduler(SchedulerPlugin):
         self.output_owners: dict[Any, str] = {}  # output key -> address of the host it owns buffers on
         #: the secret hosts present to each other on the socket transport (sent over Dask comms)
         self.transport_token = secrets.token_bytes(32)
+        self.progress = asyncio.Event()  # set whenever the order changed (programs slotted or ended)
+        #: the record of device activity that the dashboard and traces read
+        self.activity = Collector(self._ask_quietly)
         for name in HANDLERS:
             scheduler.handlers[name] = getattr(self, name[len("pathdask_"):])
         scheduler.stream_handlers["pathdask-program-done"] = self.program_done
         await scheduler.register_worker_plugin(
             None, dumps(HostRuntime()), name="pathdask", idempotent=False
         )
+        self.activity.start()
+        install(scheduler)
+
+    async def before_close(self) -> None:
+        if hasattr(self, "activity"):
+            self.activity.stop()
+
+    close = before_close
 
     # -- hosts ---------------------------------------------------------------
     async def register_host(self, address: str, requested: int | None = None) -> dict[str, Any]:
@@ -176,6 +189,7 @@ class PathwaysScheduler(SchedulerPlugin):
     # -- clients -------------------------------------------------------------
     def register_client(self, client: str, name: str, weight: float = 1.0) -> dict[str, Any]:
         self.clients[client] = {"name": name, "weight": weight}
+        self.activity.record.name_client(client, name)
         return self.info()
 
     def remove_client(self, scheduler: Scheduler, client: str) -> None:
@@ -255,8 +269,22 @@ class PathwaysScheduler(SchedulerPlugin):
         """Ask every live pathdask host; a host that dies meanwhile is left out of the replies."""
         return dict(await self.scheduler.broadcast(msg=msg, workers=list(self.resources.hosts), on_error="ignore"))
 
+    async def _ask_quietly(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """``_broadcast`` for background pulls: a host that fails to answer (it is leaving, or
+        the scheduler is closing) is left out without an error in the log; the next pull asks again."""
+        async def ask(addr: str) -> tuple[str, Any]:
+            try:
+                call = getattr(self.scheduler.rpc(addr), msg["op"])
+                return addr, await call(**{k: v for k, v in msg.items() if k != "op"})
+            except Exception as e:  # noqa: BLE001
+                logger.debug("pathdask: %s did not answer %s: %r", addr, msg["op"], e)
+                return addr, None
+
+        return dict(await asyncio.gather(*(ask(a) for a in list(self.resources.hosts))))
+
     def _send_orders(self, slotted: list[tuple[int, Submission]]) -> None:
         """Tell each host of each newly slotted program where it goes in its devices' order."""
+        self.progress.set()
         if not self.ordering:
             return
         per_host: dict[str, list[tuple[str, str, list[int]]]] = {}
@@ -334,6 +362,23 @@ class PathwaysScheduler(SchedulerPlugin):
 
     async def reset_observations(self) -> None:
         await self._broadcast({"op": "pathdask_reset_observations"})
+        self.activity.record.clear()
+
+    async def trace(self, timeout: Any = "10s") -> dict[str, Any]:
+        """Every recorded gang (the dashboard's timeline view), once the programs that were
+        slotted when it was asked have ended everywhere, so that their gangs are all in it."""
+        from ..dashboard.views import timeline
+
+        deadline = asyncio.get_running_loop().time() + parse_timedelta(timeout)
+        running = set(self.order.inflight)
+        while running & set(self.order.inflight):
+            self.progress.clear()
+            try:
+                await asyncio.wait_for(self.progress.wait(), deadline - asyncio.get_running_loop().time())
+            except TimeoutError:
+                break  # a program that does not end: trace what ran so far
+        await self.activity.refresh()
+        return timeline(self.activity.record)
 
     async def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
         """Wait until every host holds no buffers and no program; raises ``TimeoutError`` otherwise."""

@@ -8,6 +8,7 @@ from collections import deque
 from typing import NamedTuple
 
 from ..topology import DeviceInfo
+from .bounded import newest
 from .execute import run_op
 from .host import Host
 from .ledger import HostProgram
@@ -22,6 +23,23 @@ class Head(NamedTuple):
     since: float  # time.monotonic()
 
 
+class GangRecord(NamedTuple):
+    """One gang a device ran: ``time.perf_counter()`` times and the bytes it moved.
+
+    ``bytes_in`` came to this device from other devices during the gang (its
+    collectives and reshards); ``bytes_out`` left it for other devices.
+    """
+
+    start: float
+    end: float
+    program: str
+    gang: str
+    client: str
+    bytes_in: int
+    bytes_out: int
+    name: str  # the program's name
+
+
 class DeviceStream:
     """A FIFO stream of programs for one device.
 
@@ -32,9 +50,9 @@ class DeviceStream:
     too: the stream pops it without running anything, so it never waits on a
     program that can no longer be dispatched.
 
-    Threads: ``order``, ``closing``, ``gaps`` and ``timeline`` are guarded by
-    ``cond``. ``head`` and the counters are written only by the device thread;
-    others read them (``head`` is an immutable tuple, replaced whole).
+    Threads: ``order``, ``closing``, ``gaps``, ``timeline`` and ``recorded`` are
+    guarded by ``cond``. ``head`` and the counters are written only by the device
+    thread; others read them (``head`` is an immutable tuple, replaced whole).
     """
 
     def __init__(self, host: Host, info: DeviceInfo) -> None:
@@ -49,8 +67,11 @@ class DeviceStream:
         self.exchange_wait_s = 0.0  # real time spent waiting for peers' pieces
         self.head: Head | None = None
         self.gaps: deque[float] = deque(maxlen=4096)  # idle time between back-to-back gangs
-        #: (start, end, program, gang name, client) of recent gangs, for timelines
-        self.timeline: deque[tuple[float, float, str, str, str]] = deque(maxlen=20000)
+        self.bytes_in = 0  # bytes received from other devices (exchanges)
+        self.bytes_out = 0  # bytes sent to other devices
+        #: recent gangs, for timelines and the dashboard; ``recorded`` counts every one ever
+        self.timeline: deque[GangRecord] = deque(maxlen=20000)
+        self.recorded = 0
         self.thread = threading.Thread(
             target=self._run, name=f"pathdask-device-{info.id}", daemon=True
         )
@@ -87,9 +108,17 @@ class DeviceStream:
             return list(self.gaps)
 
     def timeline_since(self, since: float = 0.0) -> list[tuple[float, float, str, str, str]]:
-        """A snapshot of the timeline entries started after ``since``."""
+        """(start, end, program, gang, client) of the timeline entries started after ``since``."""
         with self.cond:
-            return [t for t in self.timeline if t[0] >= since]
+            return [t[:5] for t in self.timeline if t[0] >= since]
+
+    def records_after(self, cursor: int) -> tuple[list[GangRecord], int]:
+        """The gangs recorded since ``cursor`` (a previous return's count) and the new count.
+
+        A cursor from before this stream existed (larger than its count) reads all it has.
+        """
+        with self.cond:
+            return newest(self.timeline, self.recorded, cursor), self.recorded
 
     def reset_observations(self) -> None:
         with self.cond:
@@ -134,6 +163,7 @@ class DeviceStream:
                     self._wait_release(prog, op.gang)
                     last_end = None  # waiting for dispatch is not a back-to-back gap
                 self.head = Head(pid, "run", gang, time.monotonic())
+                moved = self.bytes_in, self.bytes_out
                 begin = time.perf_counter()
                 clock = run_op(self.host, prog, self.info, op, clock if last_end is not None else None)
                 self.gangs_run += 1
@@ -141,7 +171,9 @@ class DeviceStream:
                 with self.cond:
                     if last_end is not None:
                         self.gaps.append(begin - last_end)
-                    self.timeline.append((begin, end, pid, gang, prog.client))
+                    self.timeline.append(GangRecord(begin, end, pid, gang, prog.client, self.bytes_in - moved[0],
+                                                    self.bytes_out - moved[1], prog.plan.name))
+                    self.recorded += 1
                     backlog = i + 1 < len(ops) or bool(self.order)
                 if prog.released is not None:
                     self.host.gang_done(prog, self.info.id, op.gang)

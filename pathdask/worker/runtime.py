@@ -38,6 +38,7 @@ from ..errors import DeviceLostError, DispatchError, GangAbortedError
 from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, ReshardOp
 from ..sharding import contiguous
 from ..topology import DeviceInfo, Topology
+from .activity import activity
 from .bounded import remember
 from .chunks import Reassembly
 from .device import DeviceStream
@@ -126,6 +127,7 @@ class HostRuntime(WorkerPlugin):
             pathdask_diagnose=self.diagnose,
             pathdask_wait_idle=self.wait_idle,
             pathdask_timeline=self.timeline,
+            pathdask_activity=self.activity,
             pathdask_reset_observations=self.reset_observations,
             pathdask_transport=lambda: self.peers.address,
         )
@@ -239,7 +241,7 @@ class HostRuntime(WorkerPlugin):
             if self.released_early.pop((pid, k), "kept") is None:
                 continue  # its key is gone already: nothing owns these buffers
             for vid, dev in pairs:
-                self.store.declare((pid, vid), dev, owned=True)
+                self.store.declare((pid, vid), dev, owned=True, client=client)
             self.owned[(pid, k)] = pairs
         # Drops run on the event loop, as this does, so nothing was dropped since the check.
         slotted = not enqueue or self.ledger.slot(pid, client, list(plan.ops))
@@ -260,7 +262,7 @@ class HostRuntime(WorkerPlugin):
                 )
                 for ref in refs:
                     if sign > 0:
-                        self.store.declare(prog.resolve(ref), dev, consumers=1)
+                        self.store.declare(prog.resolve(ref), dev, consumers=1, client=prog.client)
                     else:
                         self.store.release(prog.resolve(ref), dev, consumers=1)
 
@@ -334,9 +336,12 @@ class HostRuntime(WorkerPlugin):
     ) -> dict[int, np.ndarray]:
         """Send pieces to devices and wait for the pieces from ``sources`` (device thread)."""
         start = time.perf_counter()
+        stream = self.streams[me.id]
         remote: dict[str, list[tuple[tuple[str, int, int, int], int, Any]]] = defaultdict(list)
         for dst, value in sends.items():
             key = (pid, gang, seq, dst.id)
+            if dst.id != me.id:
+                stream.bytes_out += value.nbytes
             if dst.address == self.address:
                 self._deliver(key, me.id, value)
             else:
@@ -345,7 +350,7 @@ class HostRuntime(WorkerPlugin):
             self._send_pieces(addr, pieces)
         sent = time.perf_counter()
         got = self.mailbox.collect((pid, gang, seq, me.id), sources)
-        stream = self.streams[me.id]
+        stream.bytes_in += sum(v.nbytes for src, v in got.items() if src != me.id)
         stream.exchanges += 1
         stream.exchange_wait_s += time.perf_counter() - sent
         deadline = start
@@ -479,6 +484,10 @@ class HostRuntime(WorkerPlugin):
     def timeline(self, since: float = 0.0) -> dict[int, list[tuple[float, float, str, str, str]]]:
         """Per device, (start, end, program, gang, client) of recent gangs started after ``since``."""
         return {d: s.timeline_since(since) for d, s in self.streams.items()}
+
+    def activity(self, cursors: dict[str, list[tuple[int, int]]], limit: int) -> dict[str, Any]:
+        """New gangs since the scheduler's cursors, with memory and link bytes (the dashboard)."""
+        return activity(self, cursors, limit)
 
     def reset_observations(self) -> None:
         """Forget recorded gaps and timelines (benchmarks call this between runs)."""

@@ -34,6 +34,7 @@ class BufferFreedError(RuntimeError):
 class Buffer:
     key: StoreKey
     program: str
+    client: str = ""  # the client that owns it (its program's)
     state: str = "pending"  # pending -> ready | error
     value: np.ndarray | None = None
     error: BaseException | None = None
@@ -72,12 +73,13 @@ class BufferStore:
         self._dropped: OrderedDict[str, BaseException] = OrderedDict()
 
     # -- registration (dispatch time) --------------------------------------
-    def declare(self, key: BufferKey, device: int, *, owned: bool = False, consumers: int = 0) -> None:
+    def declare(self, key: BufferKey, device: int, *, owned: bool = False, consumers: int = 0,
+                client: str = "") -> None:
         skey = (key[0], key[1], device)
         with self.cond:
             buf = self.buffers.get(skey)
             if buf is None:
-                buf = self.buffers[skey] = Buffer(skey, key[0])
+                buf = self.buffers[skey] = Buffer(skey, key[0], client)
                 cause = self._dropped.get(key[0])
                 if cause is not None:  # its producer was dropped: it will never be computed
                     buf.state, buf.error = "error", cause
@@ -285,12 +287,22 @@ class BufferStore:
             for fut in waiters:
                 self.loop.call_soon_threadsafe(resolve, fut)
 
-    def stats(self) -> dict[int, dict[str, int]]:
+    def stats(self) -> dict[int, dict[str, Any]]:
+        """Per device: bytes in use, capacity, peak, buffers, and the stored bytes of each client.
+
+        ``bytes_in_use`` less the sum of ``by_client`` is what running gangs have
+        allocated for outputs they have not stored yet.
+        """
         with self.cond:
             count: dict[int, int] = {d: 0 for d in self.memory}
+            by_client: dict[int, dict[str, int]] = {d: {} for d in self.memory}
             for buf in self.buffers.values():
-                count[buf.key[2]] += 1
+                d = buf.key[2]
+                count[d] += 1
+                if buf.nbytes:
+                    by_client[d][buf.client] = by_client[d].get(buf.client, 0) + buf.nbytes
             return {
-                d: {"bytes_in_use": m.used, "capacity": m.capacity, "peak": m.peak, "buffers": count[d]}
+                d: {"bytes_in_use": m.used, "capacity": m.capacity, "peak": m.peak, "buffers": count[d],
+                    "by_client": by_client[d]}
                 for d, m in self.memory.items()
             }

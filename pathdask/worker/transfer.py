@@ -192,6 +192,8 @@ class LinkModel:
         self.busy_until: dict[tuple[int, str], float] = {}
         self.bytes: dict[str, int] = dict.fromkeys(LINK_CLASSES, 0)
         self.transfers: dict[str, int] = dict.fromkeys(LINK_CLASSES, 0)
+        #: (source device, destination device) -> bytes that arrived over a link
+        self.pair_bytes: dict[tuple[int, int], int] = {}
         self._pairs: dict[tuple[int, int], tuple[str, Link | None]] = {}
 
     def arrival(self, src: int, dst: DeviceInfo, nbytes: int, start: float) -> float:
@@ -209,11 +211,17 @@ class LinkModel:
             self.busy_until[(dst.id, cls)] = done
             self.bytes[cls] += nbytes
             self.transfers[cls] += 1
+            self.pair_bytes[(src, dst.id)] = self.pair_bytes.get((src, dst.id), 0) + nbytes
         return done + link.latency
 
     def stats(self) -> dict[str, dict[str, int]]:
         with self.lock:
             return {c: {"bytes": self.bytes[c], "transfers": self.transfers[c]} for c in LINK_CLASSES}
+
+    def pairs(self) -> list[tuple[int, int, int]]:
+        """(source, destination, bytes) for every device pair that moved bytes to this host."""
+        with self.lock:
+            return [(s, d, n) for (s, d), n in self.pair_bytes.items()]
 
 
 def wait_until(deadline: float, is_aborted: Callable[[], BaseException | None] | None = None) -> None:
