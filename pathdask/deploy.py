@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -126,6 +127,12 @@ class CliSystem:
                     raise TimeoutError(f"{what} did not come up in {self.timeout:g}s; logs in "
                                        f"{self.workdir}") from None
                 time.sleep(0.05)
+
+    def signal_host(self, host: int, signum: int = signal.SIGTERM) -> None:
+        """Send ``signum`` to host ``host``'s ``dask worker`` process: SIGTERM is a planned
+        departure (the worker closes gracefully), SIGKILL a crash."""
+        proc = next(p for name, p, _ in self.procs if name == f"host{host}")
+        proc.send_signal(signum)
 
     def log(self, name: str, lines: int = 30) -> str:
         """The last ``lines`` of a process's log (``scheduler``, ``host0``, ...)."""

@@ -109,3 +109,30 @@ def test_a_training_run_suspended_and_resumed_matches_an_uninterrupted_one(tmp_p
             np.testing.assert_array_equal(arrays["w2"].result(), w2)
             del arrays
         assert_clean(system)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_host_leaving_on_sigterm_first_suspends_the_clients_that_opted_in(tmp_path):
+    """A dask-CLI cluster of 3 hosts; SIGTERM to a host that holds shards: the opted-in client
+    suspends before the host goes, and resumes onto the hosts that remain."""
+    from pathdask.deploy import CliSystem
+
+    topo = pw.Topology(islands=1, hosts_per_island=3, devices_per_host=2, hbm="64 MiB")
+    with CliSystem(topo) as system:
+        client = system.client(name="guarded")
+        bystander = system.client(name="bystander")  # did not opt in: not asked
+        mesh = client.mesh({"d": 4}, devices=[0, 1, 2, 3])
+        w0 = np.arange(32.0).reshape(8, 4)
+        state = {"w": client.put(w0, mesh, P("d"))}
+        guard = client.suspend_on_interruption(tmp_path / "guard.zarr", lambda: state)
+        bystander.suspend_on_interruption(tmp_path / "other.zarr", {})
+        system.signal_host(1)  # devices 2 and 3
+        assert guard.wait(60), system.log("host1")
+        (record,) = guard.records
+        assert record["arrays"] == ["w"] and record["error"] is None
+        assert state["w"].status == "deleted"
+        restored = client.resume(tmp_path / "guard.zarr")
+        assert not {2, 3} & set(restored["w"].mesh.device_ids)
+        np.testing.assert_array_equal(restored["w"].result(timeout=60), w0)
+        assert not (tmp_path / "other.zarr").exists()

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -121,3 +122,46 @@ def _entry(e: Any) -> Any:
 
 def _entry_back(e: Any) -> Any:
     return tuple(e) if isinstance(e, list) else e
+
+
+class Interruption:
+    """What ``client.suspend_on_interruption`` returns: a record of the suspends it made.
+
+    ``happened`` is set once a leaving host made this client suspend; ``records``
+    says which host, which arrays, where, and any error.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.records: list[dict[str, Any]] = []
+        self.happened = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until a suspend happened; ``False`` on timeout."""
+        return self.happened.wait(timeout)
+
+
+def suspend_on_interruption(client: Client, path: str | os.PathLike[str],
+                            state: Mapping[str, ShardedArray] | Callable[[], Mapping[str, ShardedArray]]) -> Interruption:
+    """Suspend ``state`` to ``path`` when a host this client uses leaves on purpose."""
+    from ..scheduler.interruptions import TOPIC
+
+    watch = Interruption(os.fspath(path))
+
+    async def on_event(event: tuple[float, dict[str, Any]]) -> None:
+        msg = event[1]
+        if client.id not in msg["clients"]:
+            return
+        error, names = None, []
+        try:
+            arrays = dict(state() if callable(state) else state)
+            names = await asyncio.to_thread(suspend, client, watch.path, arrays)
+        except Exception as e:  # noqa: BLE001 - told to the scheduler and kept in the record
+            error = f"{type(e).__name__}: {e}"
+        watch.records.append({"host": msg["host"], "arrays": names, "path": watch.path, "error": error})
+        watch.happened.set()
+        await client.dask.scheduler.pathdask_suspended(client=client.id, host=msg["host"], error=error)
+
+    client.dask.subscribe_topic(TOPIC, on_event)
+    client.dask.sync(client.dask.scheduler.pathdask_suspend_on_interruption, client=client.id)
+    return watch

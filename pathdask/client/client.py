@@ -239,6 +239,24 @@ class Client:
 
         return resume(self, path, island, mesh)
 
+    def suspend_on_interruption(self, path: str | os.PathLike[str],
+                                state: Mapping[str, ShardedArray] | Callable[[], Mapping[str, ShardedArray]]) -> Any:
+        """When a host this client uses leaves on purpose (``retire_workers``, SIGTERM to
+        ``dask worker``), suspend ``state`` (a mapping, or a callable returning one) to
+        ``path`` before the host goes; it waits up to ``pathdask.suspend-timeout``.
+
+        Returns an :class:`~pathdask.client.checkpoint.Interruption`: ``.wait()`` for a
+        suspend, ``.records`` for what was written; :meth:`resume` reads it back.
+
+        Examples
+        --------
+        >>> state = {"w1": w1, "w2": w2}                           # doctest: +SKIP
+        >>> guard = client.suspend_on_interruption("state.zarr", lambda: state)  # doctest: +SKIP
+        """
+        from .checkpoint import suspend_on_interruption
+
+        return suspend_on_interruption(self, path, state)
+
     def _place(self, sharding: Sharding, dtype: np.dtype, op_for: Callable[[int, OutSpec], Any],
                meta: dict[str, Any] | None = None) -> ShardedArray:
         """A one-gang program that stores a block on every device of ``sharding``'s mesh:

@@ -22,6 +22,7 @@ from distributed.protocol.pickle import dumps
 
 from ..ops import DISPATCH_PREFIX, OUT_PREFIX
 from ..topology import Topology
+from .interruptions import Interruptions
 from .order import IslandScheduler, Submission, make_policy
 from .resources import ResourceManager
 
@@ -40,6 +41,9 @@ HANDLERS = (
     "pathdask_stats",
     "pathdask_diagnose",
     "pathdask_wait_hosts",
+    "pathdask_host_leaving",
+    "pathdask_suspend_on_interruption",
+    "pathdask_suspended",
     "pathdask_wait_host_gone",
     "pathdask_wait_idle",
     "pathdask_timeline",
@@ -79,6 +83,7 @@ class PathwaysScheduler(SchedulerPlugin):
 
         self.scheduler = scheduler
         self.resources = ResourceManager(self.topology)
+        self.interruptions = Interruptions(scheduler, self.resources)
         self.order = IslandScheduler(self.policy)
         self.clients: dict[str, dict[str, Any]] = {}
         self.hosts_changed = asyncio.Condition()
@@ -103,6 +108,16 @@ class PathwaysScheduler(SchedulerPlugin):
             self.activity.stop()
 
     close = before_close
+
+    # -- planned interruptions (``interruptions.py``) ---------------------------------
+    async def host_leaving(self, address: str) -> list[str]:
+        return await self.interruptions.host_leaving(address)
+
+    def suspend_on_interruption(self, client: str) -> None:
+        self.interruptions.opt_in(client)
+
+    async def suspended(self, client: str, host: str, error: Any = None) -> None:
+        await self.interruptions.suspended(client, host, error)
 
     # -- hosts ---------------------------------------------------------------
     async def register_host(self, address: str, requested: int | None = None) -> dict[str, Any]:
@@ -196,6 +211,7 @@ class PathwaysScheduler(SchedulerPlugin):
         if client not in self.clients:
             return
         del self.clients[client]
+        self._forgetting = asyncio.ensure_future(self.interruptions.forget(client))
         self.resources.release_client(client)
         self._send_orders(self.order.drop_client(client))
         self._tell_all({"op": "pathdask-drop-client", "client": client})

@@ -154,6 +154,7 @@ class HostRuntime(WorkerPlugin):
                 await self.peers.close()
             return
         self.watch.stop()
+        await self._let_clients_suspend(worker)
         cause = GangAbortedError(f"host {worker.address} is shutting down")
         for pid in self.ledger.pids():
             self.drop_program(pid, cause)
@@ -162,6 +163,18 @@ class HostRuntime(WorkerPlugin):
         for s in self.streams.values():
             await asyncio.to_thread(s.thread.join, 5)
         await self.peers.close()
+
+    async def _let_clients_suspend(self, worker: Worker) -> None:
+        """A planned departure: clients that opted in save this host's shards before they go.
+
+        The scheduler plugin answers once they have (``scheduler/interruptions.py``), or
+        at once when no one opted in; a scheduler that is gone does not hold us up.
+        """
+        timeout = parse_timedelta(dask.config.get("pathdask.suspend-timeout")) + 5
+        try:
+            await asyncio.wait_for(worker.scheduler.pathdask_host_leaving(address=worker.address), timeout)
+        except Exception as e:  # noqa: BLE001 - leaving must go on
+            logger.info("pathdask: no suspend before host %s left (%s: %s)", worker.address, type(e).__name__, e)
 
     def on_release_outputs(self, outputs: list[tuple[str, int]]) -> None:
         """The scheduler forgot these output keys: no client holds them any more."""
