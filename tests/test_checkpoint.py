@@ -10,7 +10,7 @@ import pathdask as pw
 from pathdask import P
 from pathdask.errors import CheckpointError
 
-from .conftest import assert_clean
+from .conftest import SMALL, assert_clean
 
 
 def test_suspend_then_resume_gives_the_same_arrays(system, client, tmp_path):
@@ -136,3 +136,19 @@ def test_a_host_leaving_on_sigterm_first_suspends_the_clients_that_opted_in(tmp_
         assert not {2, 3} & set(restored["w"].mesh.device_ids)
         np.testing.assert_array_equal(restored["w"].result(timeout=60), w0)
         assert not (tmp_path / "other.zarr").exists()
+
+
+@pytest.mark.slow
+def test_a_retired_host_first_suspends_the_clients_that_opted_in(tmp_path):
+    """retire_workers closes a host gracefully: the opted-in client suspends before it goes."""
+    with pw.LocalSystem(SMALL, processes=True, dashboard_address=None) as system:
+        client = system.client(name="guarded")
+        mesh = client.mesh({"d": 2}, island=1)
+        state = {"b": client.put(np.arange(6.0), mesh, P("d"))}
+        state["b"].result()
+        guard = client.suspend_on_interruption(tmp_path / "retire.zarr", state)
+        client.dask.retire_workers([mesh.hosts[-1]], close_workers=True, remove=True)
+        assert guard.wait(60)
+        assert guard.records[0]["arrays"] == ["b"] and guard.records[0]["error"] is None
+        np.testing.assert_array_equal(xr.open_zarr(tmp_path / "retire.zarr")["b"].values, np.arange(6.0))
+        client.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathdask.scheduler.plugin import HANDLERS
 
-WORKER_HANDLERS = {"pathdask_stream", "pathdask_fetch", "pathdask_save", "pathdask_plans", "pathdask_diagnose", "pathdask_status", "pathdask_stats", "pathdask_wait_idle",
+WORKER_HANDLERS = {"pathdask_stream", "pathdask_fetch", "pathdask_save", "pathdask_message", "pathdask_plans", "pathdask_diagnose", "pathdask_status", "pathdask_stats", "pathdask_wait_idle",
                    "pathdask_timeline", "pathdask_activity", "pathdask_reset_observations", "pathdask_transport"}
 WORKER_STREAM_OPS = {"pathdask-order", "pathdask-xfer", "pathdask-chunk", "pathdask-abort", "pathdask-drop-client",
                      "pathdask-release-outputs", "pathdask-drop-programs", "pathdask-host-lost",

@@ -9,6 +9,7 @@ and serves the ``pathdask_*`` handlers. Programs are slotted in its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from typing import TYPE_CHECKING, Any
@@ -17,9 +18,10 @@ import dask
 from dask.utils import parse_timedelta
 from distributed import SchedulerPlugin
 from distributed.core import clean_exception, error_message
-from distributed.protocol import Serialized, deserialize
+from distributed.protocol import Serialized, deserialize, to_serialize
 from distributed.protocol.pickle import dumps
 
+from ..errors import DeviceLostError
 from ..ops import DISPATCH_PREFIX, OUT_PREFIX
 from ..topology import Topology
 from .interruptions import Interruptions
@@ -84,6 +86,9 @@ class PathwaysScheduler(SchedulerPlugin):
         self.scheduler = scheduler
         self.resources = ResourceManager(self.topology)
         self.interruptions = Interruptions(scheduler, self.resources)
+        #: address -> the suspend its retirement started (``log_event``)
+        self.leaving: dict[str, asyncio.Future[list[str]]] = {}
+        self._leaving_locks: dict[str, asyncio.Lock] = {}
         self.order = IslandScheduler(self.policy)
         self.clients: dict[str, dict[str, Any]] = {}
         self.hosts_changed = asyncio.Condition()
@@ -111,7 +116,20 @@ class PathwaysScheduler(SchedulerPlugin):
 
     # -- planned interruptions (``interruptions.py``) ---------------------------------
     async def host_leaving(self, address: str) -> list[str]:
-        return await self.interruptions.host_leaving(address)
+        """A host's runtime is closing: its opted-in clients suspend first (the same suspend
+        as the one its retirement started, if it is retiring)."""
+        leaving = self.leaving.get(address)
+        if leaving is None:
+            return await self.interruptions.host_leaving(address)
+        return list(await asyncio.shield(leaving))
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        """Dask's event hook: a host going to ``closing_gracefully`` (``retire_workers``)
+        starts its clients' suspend now, while its buffers are all still there."""
+        if (isinstance(msg, dict) and msg.get("action") == "worker-status-change"
+                and msg.get("status") == "closing_gracefully" and topic in self.resources.hosts
+                and topic not in self.leaving):
+            self.leaving[topic] = asyncio.ensure_future(self.interruptions.host_leaving(topic))
 
     def suspend_on_interruption(self, client: str) -> None:
         self.interruptions.opt_in(client)
@@ -176,8 +194,28 @@ class PathwaysScheduler(SchedulerPlugin):
         async with self.hosts_changed:
             self.hosts_changed.notify_all()
 
-    def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
-        """A host left: the programs that use its devices fail with DeviceLostError everywhere."""
+    def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> Any:
+        """A host left: the programs that use its devices fail with DeviceLostError everywhere.
+
+        A host that is retiring leaves once its clients have suspended: Dask awaits this.
+        """
+        leaving = self.leaving.get(worker)
+        if leaving is not None:
+            return self._remove_after(leaving, scheduler, worker)
+        self._remove_host(scheduler, worker)
+        return None
+
+    async def _remove_after(self, leaving: asyncio.Future[Any], scheduler: Scheduler, worker: str) -> None:
+        for pid in self._stranded(worker):  # fail these now: a suspend must not wait for them
+            reason = f"host {worker} retired before program {pid} was dispatched there"
+            self._end_program(pid, reason, to_serialize(DeviceLostError(reason)))
+        with contextlib.suppress(Exception):
+            await asyncio.shield(leaving)
+        self.leaving.pop(worker, None)
+        self._leaving_locks.pop(worker, None)
+        self._remove_host(scheduler, worker)
+
+    def _remove_host(self, scheduler: Scheduler, worker: str) -> None:
         rec = self.resources.remove_host(worker)
         if rec is None:
             return
@@ -271,9 +309,21 @@ class PathwaysScheduler(SchedulerPlugin):
         """
         comm = self.scheduler.stream_comms.get(addr)
         if comm is None:
+            if addr in self.leaving and addr in self.resources.hosts:
+                # retiring: Dask already closed its stream, but it runs until its clients
+                # suspended; messages go by RPC, one at a time, in order
+                asyncio.ensure_future(self._tell_leaving(addr, msg))
+                return True
             return False
         comm.send(msg)
         return True
+
+    async def _tell_leaving(self, addr: str, msg: dict[str, Any]) -> None:
+        async with self._leaving_locks.setdefault(addr, asyncio.Lock()):
+            try:
+                await self.scheduler.rpc(addr).pathdask_message(msg=msg)
+            except Exception as e:  # noqa: BLE001 - it left after all: its removal fails what it held
+                logger.info("pathdask: could not tell leaving host %s %s (%s)", addr, msg.get("op"), e)
 
     def _tell_all(self, msg: dict[str, Any], but: str | None = None) -> None:
         """Send ``msg`` to every live pathdask host (except ``but``)."""
@@ -342,16 +392,25 @@ class PathwaysScheduler(SchedulerPlugin):
         if info.get("cause") not in (None, key):
             return  # erred because a dependency did; only the failing task itself ends the program
         pid = str(key[0])[len(DISPATCH_PREFIX):]
+        text = info.get("exception_text") or "unknown error"
+        self._end_program(pid, f"the dispatch of program {pid} failed on host {info.get('worker')}: {text}",
+                          info.get("exception"))
+
+    def _end_program(self, pid: str, reason: str, cause: Any) -> None:
+        """Take ``pid`` out of the order and drop it on every host it uses, with ``cause``."""
         sub = self.order.fail(pid)
         if sub is None:
             return  # ended already
-        text = info.get("exception_text") or "unknown error"
-        worker = info.get("worker")
-        reason = f"the dispatch of program {pid} failed on host {worker}: {text}"
         logger.info("pathdask: %s; dropping it on %s", reason, sorted(sub.hosts))
         for addr in sub.hosts:
-            self._tell(addr, {"op": "pathdask-drop-programs", "pids": [pid], "reason": reason,
-                              "cause": info.get("exception")})
+            self._tell(addr, {"op": "pathdask-drop-programs", "pids": [pid], "reason": reason, "cause": cause})
+
+    def _stranded(self, worker: str) -> list[str]:
+        """Programs whose dispatch task for ``worker`` had not run when Dask began to remove it:
+        Dask took the task off it, so they can never end there."""
+        return [str(ts.key[0])[len(DISPATCH_PREFIX):] for ts in self.scheduler.tasks.values()
+                if isinstance(ts.key, tuple) and str(ts.key[0]).startswith(DISPATCH_PREFIX)
+                and ts.state != "memory" and worker in (ts.worker_restrictions or ())]
 
     # -- observation -------------------------------------------------------------
     async def diagnose(self) -> dict[str, Any]:

@@ -122,6 +122,7 @@ class HostRuntime(WorkerPlugin):
             pathdask_plans=self.add_plans,
             pathdask_fetch=self.fetch,
             pathdask_save=lambda path, writes: save(self, path, writes),
+            pathdask_message=self.on_message_rpc,
             pathdask_status=self.status,
             pathdask_stats=self.stats,
             pathdask_diagnose=self.diagnose,
@@ -163,6 +164,13 @@ class HostRuntime(WorkerPlugin):
         for s in self.streams.values():
             await asyncio.to_thread(s.thread.join, 5)
         await self.peers.close()
+
+    def on_message_rpc(self, msg: dict[str, Any]) -> None:
+        """A stream message sent by RPC: the scheduler's stream to a retiring host is closed
+        before the host leaves (``PathwaysScheduler._tell``)."""
+        op = msg.pop("op")
+        assert self.worker is not None
+        self.worker.stream_handlers[op](**msg)
 
     async def _let_clients_suspend(self, worker: Worker) -> None:
         """A planned departure: clients that opted in save this host's shards before they go.
