@@ -13,6 +13,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from nbclient.exceptions import CellExecutionError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,13 +60,14 @@ def test_a_notebook_that_leaves_a_process_behind_fails(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         "import subprocess, sys\n"
-        "proc = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "code = 'import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(600)'\n"
+        "proc = subprocess.Popen([sys.executable, '-c', code])\n"
         f"open({str(pid_file)!r}, 'w').write(str(proc.pid))"
     )])
     path = tmp_path / "leaky.ipynb"
     nbformat.write(nb, path)
     try:
-        with pytest.raises(Exception, match="left processes behind"):
+        with pytest.raises(CellExecutionError, match="left processes behind"):
             execute.execute(path)
     finally:
         if pid_file.exists():  # the process this test had the notebook start, by its id
