@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(BIN)/pathdask demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check pathdask graphs tests
+	$(BIN)/ruff check pathdask graphs tests tutorials
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
