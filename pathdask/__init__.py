@@ -23,6 +23,7 @@ from .collectives import (
 )
 from .dashboard import trace as _trace  # noqa: F401  (registers the Dataset accessor .pathdask)
 from .errors import (
+    ArrayLostError,
     CheckpointError,
     ClientClosedError,
     DeviceLostError,
@@ -47,6 +48,7 @@ from .topology import Link, Topology
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArrayLostError",
     "CheckpointError",
     "Client",
     "ClientClosedError",

@@ -8,6 +8,7 @@ was expected, what came, and what to do about it.
 from __future__ import annotations
 
 __all__ = [
+    "ArrayLostError",
     "CheckpointError",
     "ClientClosedError",
     "DeviceLostError",
@@ -84,3 +85,7 @@ class CheckpointError(ValueError):
 
 class UnfusedGraphError(RuntimeError):
     """A program's per-gang graph was run task by task; it is for inspection, call the program."""
+
+
+class ArrayLostError(DeviceLostError):
+    """Every copy of some block of an array was on devices that are gone; it cannot be recovered."""

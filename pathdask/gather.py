@@ -35,14 +35,23 @@ class OutputRef:
     sharding: Sharding
     dtype: str
 
-    def shards(self) -> dict[str, list[tuple[int, Buffer]]]:
-        """Per host, (mesh position, buffer) of one copy of each distinct block."""
+    def shards(self, avoid: frozenset[int] = frozenset()) -> dict[str, list[tuple[int, Buffer]]]:
+        """Per host, (mesh position, buffer) of one copy of each distinct block, from a device
+        not in ``avoid`` (say, lost ones); :meth:`missing` says which blocks have none."""
         want: dict[str, list[tuple[int, Buffer]]] = {}
+        devices = self.sharding.mesh.devices
         for positions in self.sharding.positions_by_block().values():
-            p = positions[0]
-            dev = self.sharding.mesh.devices[p]
-            want.setdefault(dev.address, []).append((p, (self.pid, self.vid, dev.id)))
+            p = next((q for q in positions if devices[q].id not in avoid), None)
+            if p is None:
+                continue
+            want.setdefault(devices[p].address, []).append((p, (self.pid, self.vid, devices[p].id)))
         return want
+
+    def missing(self, avoid: frozenset[int]) -> list[tuple[int, ...]]:
+        """Blocks (by block index) whose every copy is on a device in ``avoid``."""
+        devices = self.sharding.mesh.devices
+        return [blk for blk, positions in self.sharding.positions_by_block().items()
+                if all(devices[q].id in avoid for q in positions)]
 
 
 def raise_reply_error(error: dict[str, Any]) -> NoReturn:
@@ -52,13 +61,13 @@ def raise_reply_error(error: dict[str, Any]) -> NoReturn:
     raise exc.with_traceback(tb)
 
 
-async def gather(ref: OutputRef, ask: Ask) -> np.ndarray:
+async def gather(ref: OutputRef, ask: Ask, avoid: frozenset[int] = frozenset()) -> np.ndarray:
     """The global array of ``ref``, its blocks fetched from their hosts in parallel.
 
     The hosts answer once the shards are computed, or with the error that ended
     the program, which is raised here with its own type.
     """
-    want = ref.shards()
+    want = ref.shards(avoid)
 
     async def fetch_from(addr: str, items: list[tuple[int, Buffer]]) -> list[np.ndarray]:
         reply = await ask(addr, [b for _, b in items])

@@ -49,3 +49,31 @@ def test_a_new_worker_in_a_lost_hosts_place_adds_its_devices_back():
             np.testing.assert_array_equal(y.result(timeout=60), [2.0, 4.0])
             del y
         assert_clean(system)
+
+
+@pytest.mark.slow
+def test_recover_moves_arrays_with_surviving_copies_and_names_the_lost_ones():
+    with pw.LocalSystem(SMALL, processes=True, dashboard_address=None) as system:
+        with system.client(name="elastic") as client:
+            mesh = client.mesh({"x": 4}, island=0)
+            data = np.arange(16.0).reshape(4, 4)
+            replicated = client.put(data, mesh, P())
+            sharded = client.put(data, mesh, P("x"))
+            half = client.put(data, client.mesh({"x": 2, "y": 2}, devices=list(mesh.device_ids)), P(None, "y"))
+            for a in (replicated, sharded, half):
+                a.result()
+            victim = mesh.hosts[-1]
+            pid = client.dask.run(os.getpid, workers=[victim])[victim]
+            os.kill(pid, signal.SIGKILL)
+            admin = system._admin
+            assert admin is not None
+            admin.sync(admin.scheduler.pathdask_wait_host_gone, address=victim, callback_timeout=30)
+            new = client.mesh({"x": 2}, island=1)
+            with pytest.raises(pw.ArrayLostError, match=r"'sharded' \(blocks \[\(2, 0\), \(3, 0\)\]"):
+                client.recover({"replicated": replicated, "sharded": sharded}, new)
+            back = client.recover({"replicated": replicated}, new)
+            back.update(client.recover({"half": half}, client.mesh({"x": 2, "y": 2}, island=1)))
+            assert back["replicated"].mesh is new and back["half"].spec == P(None, "y")
+            np.testing.assert_array_equal(back["replicated"].result(), data)
+            np.testing.assert_array_equal(back["half"].result(), data)
+            del replicated, sharded, half, back

@@ -239,6 +239,18 @@ class Client:
 
         return resume(self, path, island, mesh)
 
+    def recover(self, arrays: Mapping[str, ShardedArray], mesh: Mesh) -> dict[str, ShardedArray]:
+        """After a host was lost: ``arrays`` again on ``mesh``, from the copies that survived.
+
+        An array with a live copy of every block (a replicated one, say) is moved onto
+        ``mesh`` with its spec; one that lost every copy of some block raises
+        :class:`~pathdask.errors.ArrayLostError`, which names it (restore it from a
+        checkpoint with :meth:`resume` instead).
+        """
+        from .elastic import recover
+
+        return recover(self, arrays, mesh)
+
     def suspend_on_interruption(self, path: str | os.PathLike[str],
                                 state: Mapping[str, ShardedArray] | Callable[[], Mapping[str, ShardedArray]]) -> Any:
         """When a host this client uses leaves on purpose (``retire_workers``, SIGTERM to
@@ -416,7 +428,7 @@ class Client:
             return "error"  # a host holding shards is gone
         return "error" if "error" in states else "pending" if "pending" in states else "ready"
 
-    def _fetch(self, array: ShardedArray, timeout: Any = None) -> np.ndarray:
+    def _fetch(self, array: ShardedArray, timeout: Any = None, avoid: frozenset[int] = frozenset()) -> np.ndarray:
         seconds = parse_timedelta(timeout) if timeout is not None else None
 
         async def ask(addr: str, buffers: list[tuple[str, int, int]]) -> dict[str, Any]:
@@ -428,7 +440,7 @@ class Client:
             # the program: a failed kernel, a failed dispatch (dropped on every host by
             # the scheduler), a lost host.
             try:
-                return await asyncio.wait_for(gather(array.ref, ask), seconds)
+                return await asyncio.wait_for(gather(array.ref, ask, avoid), seconds)
             except TimeoutError:
                 raise TimeoutError(
                     f"The shards of program {array._pid} were not ready within {seconds:g}s. "
