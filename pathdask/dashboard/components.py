@@ -48,8 +48,17 @@ class Component:
         return palette(list(self.record.names))
 
     def update(self) -> None:
+        """Redraw, unless nothing changed since the last draw (an idle system costs nothing)."""
         self.collector.watch()
+        seen = self.signature()
+        if seen == getattr(self, "_drawn", None):
+            return
+        self._drawn = seen
         self.draw()
+
+    def signature(self) -> Any:
+        """What a redraw depends on: the record's version, and the clients and slices."""
+        return self.record.version, len(self.plugin.clients), len(self.plugin.resources.slices)
 
     def draw(self) -> None:
         raise NotImplementedError
@@ -195,6 +204,9 @@ class Queue(Component):
         self.policy = Div()
         self.root = column(self.policy, table, fig, **kwargs)
         self.draw()
+
+    def signature(self) -> Any:
+        return super().signature(), repr(self.plugin.order.by_client())
 
     def draw(self) -> None:
         view = views.queue(self.plugin, self.record, self.collector.window)

@@ -43,6 +43,9 @@ class ActivityRecord:
         self.pairs: dict[tuple[int, int], int] = {}  # (source, destination device) -> bytes
         self.names: dict[str, str] = {}  # client id -> name, of every client seen, in order
         self.updated: float | None = None  # time.time() of the last pull
+        #: bumped by a pull that brought anything new (gangs, memory, link bytes): pages
+        #: that see the same version have nothing to redraw
+        self.version = 0
 
     # -- writing ---------------------------------------------------------------
     def cursor_message(self) -> dict[str, list[tuple[int, int]]]:
@@ -54,6 +57,7 @@ class ActivityRecord:
         now = time.time() if now is None else now
         before = self.total
         links = dict.fromkeys(LINK_CLASSES, 0)
+        memory = {d: dict(m) for d, m in self.memory.items()}  # to tell whether anything changed
         live: set[int] = set()
         for addr, reply in replies.items():
             if not isinstance(reply, dict) or "devices" not in reply:
@@ -78,6 +82,8 @@ class ActivityRecord:
             self.hosts.pop(d, None)
         for addr in set(self.cursors) - set(replies):
             del self.cursors[addr]
+        if self.total != before or not self.links or self.links[-1][1] != links or memory != self.memory:
+            self.version += 1
         self.links.append((now, links))
         self.updated = now
         return self.total - before
@@ -91,6 +97,7 @@ class ActivityRecord:
         self.gangs.clear()
         self.links.clear()
         self.pairs.clear()
+        self.version += 1
 
     # -- reading ---------------------------------------------------------------
     def after(self, cursor: int) -> tuple[list[Gang], int]:
