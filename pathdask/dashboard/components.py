@@ -7,6 +7,7 @@ dashboard as watched so that the activity record keeps being pulled.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from bokeh.layouts import column
@@ -32,6 +33,9 @@ from .record import columns
 TIMELINE_ROWS = 10_000
 LINK_COLORS = {"same_host": "#1f77b4", "ici": "#ff7f0e", "dcn": "#2ca02c"}
 IDLE = "#dddddd"
+#: page kind -> (signature, view): every open session of a page shares one computation
+#: (all run on the scheduler's event loop)
+_VIEWS: dict[str, tuple[Any, dict[str, Any]]] = {}
 
 
 class Component:
@@ -59,6 +63,15 @@ class Component:
     def signature(self) -> Any:
         """What a redraw depends on: the record's version, and the clients and slices."""
         return self.record.version, len(self.plugin.clients), len(self.plugin.resources.slices)
+
+    def view(self, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """This page's view of the current state, computed once for every open copy of the page."""
+        key = (type(self).__name__, id(self.plugin), self.signature())
+        cached = _VIEWS.get(type(self).__name__)
+        if cached is None or cached[0] != key:
+            cached = _VIEWS[type(self).__name__] = (key, compute())
+        return cached[1]
+
 
     def draw(self) -> None:
         raise NotImplementedError
@@ -116,7 +129,7 @@ class Memory(Component):
         self.draw()
 
     def draw(self) -> None:
-        view = views.memory(self.record)
+        view = self.view(lambda: views.memory(self.record))
         colors = self.colors()
         parts: dict[str, list[Any]] = {k: [] for k in self.parts.data}
         limits: dict[str, list[Any]] = {k: [] for k in self.limits.data}
@@ -164,7 +177,7 @@ class Links(Component):
         self.draw()
 
     def draw(self) -> None:
-        view = views.links(self.record)
+        view = self.view(lambda: views.links(self.record))
         rates = view["rates"]
         self.rates.data = {"time": [t * 1e3 for t in rates["time"]], **{c: rates[c] for c in LINK_CLASSES}}
         devices = view["devices"]
@@ -209,7 +222,7 @@ class Queue(Component):
         return super().signature(), repr(self.plugin.order.by_client())
 
     def draw(self) -> None:
-        view = views.queue(self.plugin, self.record, self.collector.window)
+        view = self.view(lambda: views.queue(self.plugin, self.record, self.collector.window))
         rows = view["clients"]
         self.policy.text = f"<b>policy</b>: {view['policy']}; {len(rows)} client(s)"
         self.table_source.data = {f: [r[f] for r in rows] for f in self.FIELDS}
@@ -258,7 +271,7 @@ class Resources(Component):
         self.draw()
 
     def draw(self) -> None:
-        view = views.resources(self.plugin)
+        view = self.view(lambda: views.resources(self.plugin))
         span = self.plugin.topology.hosts_per_island + 1
         colors = self.colors()
         cells: dict[str, list[Any]] = {k: [] for k in self.cells.data}
