@@ -33,7 +33,7 @@ from distributed import Client as DaskClient
 from .client.client import Client
 from .topology import Topology
 
-__all__ = ["CliSystem", "dask_command"]
+__all__ = ["CliSystem", "dask_command", "stop_processes"]
 
 
 def dask_command(sub: str) -> list[str]:
@@ -43,6 +43,22 @@ def dask_command(sub: str) -> list[str]:
         return [str(script), sub]
     found = shutil.which("dask")
     return [found, sub] if found else [sys.executable, "-m", f"distributed.cli.dask_{sub}"]
+
+
+def stop_processes(procs: list[tuple[str, subprocess.Popen[bytes]]]) -> None:
+    """Stop a dask-CLI cluster's processes by handle: the workers first (SIGTERM lets each
+    nanny close its worker), then the scheduler; stopping both at once can leave a worker
+    hung for the nanny's kill timeout. A process that does not stop in 20 s is killed."""
+    for group in ([p for n, p in procs if n != "scheduler"], [p for n, p in procs if n == "scheduler"]):
+        for proc in group:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in group:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
 
 
 class CliSystem:
@@ -146,18 +162,7 @@ class CliSystem:
         if self._admin is not None:
             self._admin.close()
             self._admin = None
-        # workers first (SIGTERM lets each nanny close its worker), then the scheduler
-        for group in ([p for n, p, _ in self.procs if n != "scheduler"],
-                      [p for n, p, _ in self.procs if n == "scheduler"]):
-            for proc in group:
-                if proc.poll() is None:
-                    proc.terminate()
-            for proc in group:
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+        stop_processes([(n, p) for n, p, _ in self.procs])
         for _, _, log in self.procs:
             log.close()
         self.procs.clear()

@@ -21,7 +21,7 @@ from distributed import Client as DaskClient
 
 import pathdask as pw
 from pathdask import P
-from pathdask.deploy import dask_command
+from pathdask.deploy import dask_command, stop_processes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,20 +70,7 @@ class Processes:
         return "\n".join(f"--- {name} ---\n{tail(log)}" for name, _, log in self.procs)
 
     def stop(self) -> None:
-        # Workers first (SIGTERM lets each nanny close its worker), then the scheduler: stopping
-        # both at once can leave a worker hung for the nanny's 8 s kill timeout (a Dask race).
-        workers = [p for name, p, _ in self.procs if name != "scheduler"]
-        scheduler = [p for name, p, _ in self.procs if name == "scheduler"]
-        for group in (workers, scheduler):
-            for proc in group:
-                if proc.poll() is None:
-                    proc.terminate()
-            for proc in group:
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+        stop_processes([(name, p) for name, p, _ in self.procs])
 
 
 @pytest.fixture
