@@ -24,7 +24,7 @@ from distributed.protocol.pickle import dumps
 from ..errors import DeviceLostError
 from ..ops import DISPATCH_PREFIX, OUT_PREFIX
 from ..topology import Topology
-from .interruptions import Interruptions
+from .interruptions import TOPIC, Interruptions
 from .order import IslandScheduler, Submission, make_policy
 from .resources import ResourceManager
 
@@ -132,6 +132,9 @@ class PathwaysScheduler(SchedulerPlugin):
             self.leaving[topic] = asyncio.ensure_future(self.interruptions.host_leaving(topic))
 
     def suspend_on_interruption(self, client: str) -> None:
+        # Subscribe here too: the client's own subscription travels on its batched stream and
+        # may arrive after a host starts leaving; once this RPC answers, the event will reach it.
+        self.scheduler.subscribe_topic(TOPIC, client)
         self.interruptions.opt_in(client)
 
     async def suspended(self, client: str, host: str, error: Any = None) -> None:
