@@ -89,6 +89,7 @@ class PathwaysScheduler(SchedulerPlugin):
         #: address -> the suspend its retirement started (``log_event``)
         self.leaving: dict[str, asyncio.Future[list[str]]] = {}
         self._leaving_locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Future[Any]] = set()  # background work, held until done
         self.order = IslandScheduler(self.policy)
         self.clients: dict[str, dict[str, Any]] = {}
         self.hosts_changed = asyncio.Condition()
@@ -252,7 +253,7 @@ class PathwaysScheduler(SchedulerPlugin):
         if client not in self.clients:
             return
         del self.clients[client]
-        self._forgetting = asyncio.ensure_future(self.interruptions.forget(client))
+        self._background(self.interruptions.forget(client))
         self.resources.release_client(client)
         self._send_orders(self.order.drop_client(client))
         self._tell_all({"op": "pathdask-drop-client", "client": client})
@@ -315,11 +316,17 @@ class PathwaysScheduler(SchedulerPlugin):
             if addr in self.leaving and addr in self.resources.hosts:
                 # retiring: Dask already closed its stream, but it runs until its clients
                 # suspended; messages go by RPC, one at a time, in order
-                asyncio.ensure_future(self._tell_leaving(addr, msg))
+                self._background(self._tell_leaving(addr, msg))
                 return True
             return False
         comm.send(msg)
         return True
+
+    def _background(self, coro: Any) -> None:
+        """Run ``coro`` on the event loop, holding a reference until it is done."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _tell_leaving(self, addr: str, msg: dict[str, Any]) -> None:
         async with self._leaving_locks.setdefault(addr, asyncio.Lock()):
