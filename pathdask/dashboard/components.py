@@ -39,7 +39,11 @@ _VIEWS: dict[str, tuple[Any, dict[str, Any]]] = {}
 
 
 class Component:
-    """A plot fed by the scheduler plugin; ``update()`` runs on the scheduler's event loop."""
+    """A plot fed by the scheduler plugin; ``update()`` runs on the scheduler's event loop.
+
+    A page calls ``update()`` once after building its component (the first draw),
+    then on every tick of its periodic callback.
+    """
 
     root: Any
 
@@ -66,12 +70,11 @@ class Component:
 
     def view(self, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """This page's view of the current state, computed once for every open copy of the page."""
-        key = (type(self).__name__, id(self.plugin), self.signature())
+        key = (id(self.plugin), self.signature())
         cached = _VIEWS.get(type(self).__name__)
         if cached is None or cached[0] != key:
             cached = _VIEWS[type(self).__name__] = (key, compute())
         return cached[1]
-
 
     def draw(self) -> None:
         raise NotImplementedError
@@ -126,7 +129,6 @@ class Memory(Component):
         fig.xaxis.formatter = NumeralTickFormatter(format="0.0 b")
         fig.add_layout(fig.legend[0], "right")
         self.root = fig
-        self.draw()
 
     def draw(self) -> None:
         view = self.view(lambda: views.memory(self.record))
@@ -174,7 +176,6 @@ class Links(Component):
                                                               ("bytes", "@bytes{0.0 b}")]))
         self.rate, self.grid = rate, grid
         self.root = column(rate, grid, **kwargs)
-        self.draw()
 
     def draw(self) -> None:
         view = self.view(lambda: views.links(self.record))
@@ -216,7 +217,6 @@ class Queue(Component):
         self.fig = fig
         self.policy = Div()
         self.root = column(self.policy, table, fig, **kwargs)
-        self.draw()
 
     def signature(self) -> Any:
         return super().signature(), repr(self.plugin.order.by_client())
@@ -268,7 +268,6 @@ class Resources(Component):
             TableColumn(field="shape", title="mesh shape"), TableColumn(field="devices", title="devices")],
             **kwargs)
         self.root = column(fig, table, **kwargs)
-        self.draw()
 
     def draw(self) -> None:
         view = self.view(lambda: views.resources(self.plugin))
