@@ -72,7 +72,3 @@ class Reassembly:
             remember(self.ended, program, None)
             for k in [k for k in self.partial if k[0][0] == program]:
                 del self.partial[k]
-
-    def pending_bytes(self) -> int:
-        with self.lock:
-            return sum(e[0].nbytes for e in self.partial.values())
