@@ -572,6 +572,8 @@ class StageFunctions:
         with ``dy`` from ``loss`` (on the last stage, or passed back from the
         next stage) it is the gradient of the batch's mean loss. ``dx`` has
         ``x``'s shape and spec; on the first stage it is float64 zeros.
+        Called on one microbatch, it gives the gradient of that microbatch's
+        mean loss: the mean over equal microbatches is the batch's gradient.
     loss : pathdask.Function or None
         On the last stage only: ``loss(logits, targets) -> (loss, dlogits)``;
         ``loss`` is the mean cross-entropy over all the batch's tokens, shape
