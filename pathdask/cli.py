@@ -155,6 +155,16 @@ def bench_checkpoint(small: bool, out: str, folder: str | None) -> None:
     run(Config.small() if small else Config(), out=out, echo=click.echo, folder=folder)
 
 
+@bench.command("pipeline")
+@click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
+@click.option("--out", default="bench-results", show_default=True, help="Folder for JSON and HTML.")
+def bench_pipeline(small: bool, out: str) -> None:
+    """Table 2 at our scale: SPMD, pipelines of 2-8 stages on 1, 2 and 4 islands, two-island data parallel."""
+    from .bench.pipeline import Config, run
+
+    run(Config.small() if small else Config(), out=out, echo=click.echo)
+
+
 @bench.command("dashboard")
 @click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
 @click.option("--gangs", type=click.IntRange(min=1), default=None, help="Gangs recorded before timing.  [default: 10000]")

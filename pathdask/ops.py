@@ -70,6 +70,8 @@ class ReshardOp:
     sends: tuple[tuple[DeviceInfo, Index], ...]
     recvs: tuple[tuple[int, Index], ...]  # (source device id, where it goes in our block)
     output: OutSpec | None
+    #: modelled bytes per real byte of its pieces (``ShardedArray.to(..., model_nbytes=)``)
+    scale: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,8 @@ class LocalSystem:
         return self._admin.sync(getattr(self._admin.scheduler, handler), **kwargs)
 
     def device_stats(self) -> dict[str, Any]:
-        """Per device bytes in use, capacity, peak, busy time and gangs run; bytes per link class."""
+        """Per device bytes in use, capacity, peak, busy time and gangs run; per link class and
+        per host NIC; see :meth:`pathdask.Client.device_stats`."""
         return dict(self._admin_call("pathdask_stats"))
 
     def devices(self) -> list[dict[str, Any]]:
@@ -198,6 +199,12 @@ class LocalSystem:
         from .dashboard.trace import to_dataset
 
         return to_dataset(self._admin_call("pathdask_trace", timeout=timeout))
+
+    def transfers(self) -> xr.Dataset:
+        """Recent modelled transfers; see :meth:`pathdask.Client.transfers`."""
+        from .dashboard.trace import transfers_dataset
+
+        return transfers_dataset(self._admin_call("pathdask_transfers"))
 
     def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
         """Wait until no device holds a buffer; returns the stats, or raises ``TimeoutError``."""

@@ -187,6 +187,28 @@ class ShardedArray:
         return ShardedArray(self.client, self._pid, self._vid, self.shape, self.dtype, self.mesh, self.spec,
                             futures, self._xarray)
 
+    # -- moves -----------------------------------------------------------------
+    def to(self, mesh: Mesh, spec: PartitionSpec | None = None, *, model_nbytes: float | None = None) -> ShardedArray:
+        """This array resharded onto ``mesh`` with ``spec`` (default: the same spec).
+
+        One gang of transfers, dispatched at once; ``mesh`` may be in another island
+        (the pieces then cross DCN). Each device that needs a piece gets it straight
+        from a device that holds it, the nearest one, and each byte moves once.
+        Inside a ``@pathdask.program`` the same call on a traced value adds the move
+        to the program. ``model_nbytes`` times the move as if the array had that many
+        bytes (a small stand-in for a large model's activations or gradients); the
+        real bytes still move.
+
+        Examples
+        --------
+        >>> y = x.to(client.mesh({"data": 4}, island=1), P("data", None))  # doctest: +SKIP
+        """
+        from .program import check_move, move_program
+
+        spec = self.spec if spec is None else spec
+        check_move(mesh, spec, self)
+        return move_program(mesh, spec, model_nbytes)(self)  # type: ignore[no-any-return]
+
     # -- data ------------------------------------------------------------------
     def result(self, timeout: Any = None) -> np.ndarray:
         """Wait for the devices and return the global array as NumPy.

@@ -138,7 +138,9 @@ class Client:
         return sorted(set(range(self.topology.num_devices)) - live)
 
     def device_stats(self) -> dict[str, Any]:
-        """Per device bytes in use, capacity, peak, busy time and gangs run; bytes per link class."""
+        """Per device bytes in use, capacity, peak, busy time and gangs run; per link class and
+        per host NIC (``"island/host"``, ``send`` and ``recv``): bytes, transfers, busy seconds
+        and the longest queue."""
         return dict(self.dask.sync(self.dask.scheduler.pathdask_stats))
 
     def timeline(self, since: float = 0.0) -> dict[int, list[tuple[float, float, str, str, str]]]:
@@ -148,8 +150,15 @@ class Client:
         """
         return dict(self.dask.sync(self.dask.scheduler.pathdask_timeline, since=since))
 
+    def transfers(self) -> xr.Dataset:
+        """Recent modelled transfers between devices, every client's: an ``xarray.Dataset``
+        with dim ``transfer`` (see :func:`pathdask.dashboard.trace.transfers_dataset`)."""
+        from ..dashboard.trace import transfers_dataset
+
+        return transfers_dataset(self.dask.sync(self.dask.scheduler.pathdask_transfers))
+
     def reset_observations(self) -> None:
-        """Forget the recorded idle gaps and timelines on every host."""
+        """Forget the recorded idle gaps, timelines and transfers on every host."""
         self.dask.sync(self.dask.scheduler.pathdask_reset_observations)
 
     def trace(self, timeout: Any = "10s") -> xr.Dataset:
@@ -294,7 +303,7 @@ class Client:
         for a in arrays:
             a._check_alive()
         self._check_meshes([v.mesh for v in program.values])
-        plans = lower(program)
+        plans = lower(program, overlap=dask.config.get("pathdask.dispatch") != "sequential")
         pid = uuid.uuid4().hex
         futures = self._dispatch(pid, plans, tuple(a.key for a in arrays), arrays, program)
         outs: list[ShardedArray] = []

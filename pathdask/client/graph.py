@@ -198,7 +198,7 @@ def _reshard_shards(program: Program, g: GangNode, ref: Any) -> Shards:
     by_id: dict[int, DeviceInfo] = {d.id: d for d in (*src.mesh.devices, *dst.mesh.devices)}
     targets = {d.id for d in dst.mesh.devices}
     members = tuple(by_id[i] for i in sorted(set(sends) | targets))
-    spec = GangSpec(g.index, "reshard", members)
+    spec = GangSpec(g.index, g.name, members)
     out = OutSpec(dst_vid, dst_sharding.shard_shape, dst.dtype)
     shards: Shards = []
     for dev in members:
@@ -208,6 +208,7 @@ def _reshard_shards(program: Program, g: GangNode, ref: Any) -> Shards:
             tuple(sends.get(dev.id, ())),
             tuple(recvs.get(dev.id, ())),
             out if dev.id in targets else None,
+            g.scale,
         )
         read = ({dev.id} if dev.id in sends else set()) | {s for s, _ in recvs.get(dev.id, ())}
         shards.append((GangShard(spec, dev, op), [(src_vid, tuple(sorted(read)))]))

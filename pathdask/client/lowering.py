@@ -17,6 +17,7 @@ worker pin) within one submission; a plain dict graph carries only global ones.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import uuid
 from collections import defaultdict
@@ -25,25 +26,55 @@ from typing import Any
 from dask._task_spec import Task, TaskRef
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from ..ops import DISPATCH_PREFIX, OUT_PREFIX, GangSpec, HostPlan, Op
+from ..ops import DISPATCH_PREFIX, OUT_PREFIX, GangSpec, HostPlan, KernelOp, Op, ReshardOp
 from .graph import GangShard, ProgramGraph, layered_graph
 from .program import Program
 
 
-def lower(program: Program) -> dict[str, HostPlan]:
+def lower(program: Program, overlap: bool = True) -> dict[str, HostPlan]:
     """Per host address, the plan of that host's devices for ``program`` (cached).
 
-    It is the fusion of the program's per-gang graph (:func:`~.graph.layered_graph`).
+    It is the fusion of the program's per-gang graph (:func:`~.graph.layered_graph`);
+    ``overlap`` defers receives (:func:`defer_receives`), which parallel dispatch does.
     """
-    return _fused(layered_graph(program))
+    return _fused(layered_graph(program), overlap)
 
 
 @functools.lru_cache(maxsize=512)
-def _fused(graph: ProgramGraph) -> dict[str, HostPlan]:
-    return fuse(graph)
+def _fused(graph: ProgramGraph, overlap: bool) -> dict[str, HostPlan]:
+    return fuse(graph, overlap)
 
 
-def fuse(graph: ProgramGraph) -> dict[str, HostPlan]:
+def defer_receives(ops: list[Op]) -> list[Op]:
+    """One device's ops with each move's receive put off until just before its first reader.
+
+    A move (``ReshardOp``) sends without waiting, but receiving waits for the pieces.
+    Where the move stands in program order, the device may still have work that does
+    not need what it receives: a gradient exchanged with another island while the
+    next layer's backward runs. So the receive moves to just before the first op
+    that reads its output (or the end), and the transfer overlaps that work. A device
+    that both sends and receives keeps its sends in place. Delaying a wait never adds
+    one, so the order stays free of deadlock: sends never block, and each receive
+    still comes after the ops its senders needed, in every device's order.
+    """
+    out: list[Op] = []
+    pending: dict[int, Op] = {}  # value id -> its receive, not placed yet
+    for op in ops:
+        for ref in (op.inputs if isinstance(op, KernelOp) else
+                    (op.input,) if isinstance(op, ReshardOp) and op.input is not None else ()):
+            if ref.kind == "v" and ref.index in pending:
+                out.append(pending.pop(ref.index))
+        if isinstance(op, ReshardOp) and op.recvs and op.output is not None:
+            if op.sends:
+                out.append(dataclasses.replace(op, recvs=(), output=None))
+            pending[op.output.vid] = dataclasses.replace(op, input=None, sends=())
+            continue
+        out.append(op)
+    out.extend(pending.values())
+    return out
+
+
+def fuse(graph: ProgramGraph, overlap: bool = True) -> dict[str, HostPlan]:
     """The fusion pass: each host's part of every layer (gang) of ``graph``, as one plan.
 
     Like dask.array's blockwise fusion, it turns many small tasks into few: a host's
@@ -71,7 +102,7 @@ def fuse(graph: ProgramGraph) -> dict[str, HostPlan]:
         addr: HostPlan(
             program.name,
             gangs[addr],
-            {d: tuple(o) for d, o in dev_ops.items()},
+            {d: tuple(defer_receives(o) if overlap else o) for d, o in dev_ops.items()},
             {j: tuple(p) for j, p in owned[addr].items()},
             uuid.uuid4().hex,
         )

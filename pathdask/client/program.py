@@ -9,6 +9,7 @@ plan per host.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ class GangNode:
     function: Function | None = None
     block_avals: tuple[Aval, ...] = ()
     cost_s: float = 0.0
+    scale: float = 1.0  # a reshard's modelled bytes per real byte
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,6 +119,17 @@ class Traced:
             "@pathdask.function calls may use it"
         )
 
+    def to(self, mesh: Mesh, spec: PartitionSpec | None = None, *, model_nbytes: float | None = None,
+           name: str = "reshard") -> Traced:
+        """This value moved onto ``mesh`` with ``spec`` (one gang of transfers); see
+        :meth:`pathdask.ShardedArray.to`."""
+        spec = self.spec if spec is None else spec
+        check_move(mesh, spec, self.info.vid)
+        if mesh == self.mesh and spec == self.spec:
+            return self
+        nbytes = math.prod(self.shape) * self.dtype.itemsize
+        return self.trace.reshard(self, mesh, spec, scale=move_scale(model_nbytes, nbytes), name=name)
+
 
 class _Trace:
     def __init__(self, device_flops: float) -> None:
@@ -130,9 +143,11 @@ class _Trace:
         self.values.append(info)
         return Traced(info, self)
 
-    def reshard(self, x: Traced, mesh: Mesh, spec: PartitionSpec) -> Traced:
+    def reshard(self, x: Traced, mesh: Mesh, spec: PartitionSpec, scale: float = 1.0,
+                name: str = "reshard") -> Traced:
         out = self.new_value(x.shape, x.info.dtype, mesh, spec)
-        self.gangs.append(GangNode(len(self.gangs), "reshard", "reshard", mesh, (x.info.vid,), (out.info.vid,)))
+        self.gangs.append(GangNode(len(self.gangs), "reshard", name, mesh, (x.info.vid,), (out.info.vid,),
+                                   scale=scale))
         return out
 
     def call(self, fn: Function, args: tuple[Traced, ...], mesh: Mesh | None) -> Any:
@@ -152,6 +167,24 @@ class _Trace:
             fn, blocks, seconds,
         ))
         return results if fn.multiple_outputs else results[0]
+
+
+def check_move(mesh: Any, spec: Any, what: Any) -> None:
+    """``x.to(mesh, spec)``'s arguments, with errors that say what came."""
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"x.to(mesh, spec): mesh must be a pathdask Mesh (client.mesh(...)), got "
+                        f"{type(mesh).__name__} for value {what}")
+    if not isinstance(spec, PartitionSpec):
+        raise TypeError(f"x.to(mesh, spec): spec must be a PartitionSpec such as P('data', None), got {spec!r}")
+
+
+def move_scale(model_nbytes: float | None, nbytes: int) -> float:
+    """Modelled bytes per real byte of a move (``model_nbytes=``; 1 when not given)."""
+    if model_nbytes is None:
+        return 1.0
+    if not model_nbytes >= 0:
+        raise ValueError(f"model_nbytes must be a number of bytes >= 0, got {model_nbytes!r}")
+    return float(model_nbytes) / nbytes if nbytes else 1.0
 
 
 _state = threading.local()
@@ -197,6 +230,12 @@ def call_function(fn: Function, args: tuple[Any, ...], mesh: Mesh | None) -> Any
                 )
         return tr.call(fn, args, mesh)
     return direct_program(fn, mesh)(*args)
+
+
+@functools.lru_cache(maxsize=256)
+def move_program(mesh: Mesh, spec: PartitionSpec, model_nbytes: float | None) -> ProgramFunction:
+    """The one-gang program that ``x.to(mesh, spec)`` runs outside a program (cached)."""
+    return ProgramFunction(lambda x: x.to(mesh, spec, model_nbytes=model_nbytes), name="to")
 
 
 def direct_program(fn: Function, mesh: Mesh | None) -> ProgramFunction:

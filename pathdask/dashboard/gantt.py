@@ -73,3 +73,27 @@ def set_devices(fig: Any, devices: Sequence[int]) -> None:
     """Label the y axis with one tick per device."""
     fig.yaxis.ticker = FixedTicker(ticks=list(devices))
     fig.yaxis.major_label_overrides = {d: f"device {d}" for d in devices}
+
+
+def transfer_rows(fig: Any, transfers: Any, devices: Sequence[int]) -> None:
+    """Add a row per receiving device below the devices, with the modelled DCN transfers
+    into it (``transfers`` is a ``client.transfers()`` Dataset)."""
+    dcn = transfers.where(transfers.link == "dcn", drop=True) if transfers.sizes["transfer"] else transfers
+    if not dcn.sizes["transfer"]:
+        return
+    dst = dcn.dst.values.astype(int)
+    hosts = sorted(set(dst.tolist()))
+    base = max(devices, default=-1) + 1
+    row = {d: base + i for i, d in enumerate(hosts)}
+    y = np.array([row[d] for d in dst], dtype=float)
+    start = dcn.start.values.astype("datetime64[ns]").astype(np.int64) / 1e6
+    end = dcn.end.values.astype("datetime64[ns]").astype(np.int64) / 1e6
+    source = ColumnDataSource({"left": start, "right": end, "bottom": y - 0.3, "top": y + 0.3,
+                               "dst": dst, "src": dcn.src.values.astype(int),
+                               "bytes": dcn["bytes"].values.astype(np.int64)})
+    fig.quad(source=source, left="left", right="right", bottom="bottom", top="top", fill_color="#222222",
+             fill_alpha=0.35, line_color="#222222", legend_label="DCN transfer")
+    ticks = [*devices, *row.values()]
+    fig.yaxis.ticker = FixedTicker(ticks=ticks)
+    fig.yaxis.major_label_overrides = {**{d: f"device {d}" for d in devices},
+                                       **{r: f"DCN into device {d}" for d, r in row.items()}}

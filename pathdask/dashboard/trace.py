@@ -15,6 +15,7 @@ Examples
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -66,6 +67,25 @@ def to_dataset(view: dict[str, Any]) -> xr.Dataset:
                       attrs={"title": "pathdask device activity"})
 
 
+def transfers_dataset(rows: list[Any]) -> xr.Dataset:
+    """Modelled transfers (what ``pathdask_transfers`` answers) as a Dataset with dim ``transfer``.
+
+    ``start`` and ``end`` are the modelled times the transfer held the receiver's port
+    and reached its memory (``datetime64[ns]``, wall clock); ``src`` and ``dst`` are
+    device ids; ``link`` is ``"same_host"``, ``"ici"`` or ``"dcn"``; ``bytes`` the real
+    bytes moved.
+    """
+    cols: list[Any] = list(zip(*rows)) if rows else [()] * 6
+    times = {k: (np.round(np.asarray(v, dtype=float) * 1e9).astype(np.int64).astype("datetime64[ns]"))
+             for k, v in zip(("start", "end"), cols[:2])}
+    return xr.Dataset(
+        {**{k: ("transfer", v) for k, v in times.items()},
+         "src": ("transfer", np.asarray(cols[2], dtype=int)), "dst": ("transfer", np.asarray(cols[3], dtype=int)),
+         "link": ("transfer", np.asarray(cols[4], dtype=object)),
+         "bytes": ("transfer", np.asarray(cols[5], dtype=np.int64))},
+        attrs={"title": "pathdask modelled transfers"})
+
+
 def gangs_of(ds: xr.Dataset) -> dict[str, list[Any]]:
     """A trace's gangs as columns (the timeline view's ``gangs``), padding left out."""
     mask = ~np.isnat(ds["start"].values)
@@ -87,19 +107,34 @@ class TraceAccessor:
     def __init__(self, ds: xr.Dataset) -> None:
         self._ds = ds
 
-    def plot(self, **kwargs: Any) -> Any:
+    def plot(self, color_by: Callable[[str], str] | None = None, colors: Mapping[str, str] | None = None,
+             transfers: xr.Dataset | None = None, **kwargs: Any) -> Any:
         """The device Gantt chart of this trace (a Bokeh figure), as the timeline page draws it.
 
-        Keyword arguments go to :func:`bokeh.plotting.figure` (``width``, ``title``, ...).
+        Bars are coloured by client, or by ``color_by(gang name)`` (a label; ``colors``
+        may give each label's colour). ``transfers`` (``client.transfers()``) adds a row
+        per receiving device with the modelled DCN transfers into it. Other keyword arguments go to
+        :func:`bokeh.plotting.figure` (``width``, ``title``, ...).
+
+        Examples
+        --------
+        >>> trace.pathdask.plot(color_by=lambda gang: gang.split(".")[0])  # doctest: +SKIP
         """
         from bokeh.models import ColumnDataSource
 
-        from .gantt import bars, gantt_figure, palette
+        from .gantt import bars, gantt_figure, palette, transfer_rows
 
         gangs = gangs_of(self._ds)
-        clients = list(dict.fromkeys(gangs["client"]))
         names = {str(i): str(n) for i, n in zip(self._ds["client_id"].values.ravel(),
                                                  self._ds["client"].values.ravel()) if i}
-        source = ColumnDataSource(bars(gangs, names, palette(clients)))
+        if color_by is not None:  # the labels stand in for clients: colour and legend
+            gangs["client"] = [color_by(g) for g in gangs["gang"]]
+            names = {}
+        labels = list(dict.fromkeys(gangs["client"]))
+        source = ColumnDataSource(bars(gangs, names, {**palette(labels), **(colors or {})}))
+        devices = [int(d) for d in self._ds["device"].values]
         kwargs.setdefault("sizing_mode", "stretch_width")
-        return gantt_figure(source, [int(d) for d in self._ds["device"].values], **kwargs)
+        fig = gantt_figure(source, devices, **kwargs)
+        if transfers is not None:
+            transfer_rows(fig, transfers, devices)
+        return fig

@@ -51,6 +51,7 @@ HANDLERS = (
     "pathdask_timeline",
     "pathdask_reset_observations",
     "pathdask_trace",
+    "pathdask_transfers",
 )
 
 
@@ -445,6 +446,11 @@ class PathwaysScheduler(SchedulerPlugin):
                 out.update({int(d): v for d, v in reply.items()})
         return dict(sorted(out.items()))
 
+    async def transfers(self) -> list[Any]:
+        """Every host's recent modelled transfers (``links.py``), with wall-clock times."""
+        replies = await self._broadcast({"op": "pathdask_transfers"})
+        return sorted(t for reply in replies.values() if isinstance(reply, (list, tuple)) for t in reply)
+
     async def reset_observations(self) -> None:
         await self._broadcast({"op": "pathdask_reset_observations"})
         self.activity.record.clear()
@@ -488,16 +494,25 @@ def _key(key: Any) -> Any:
 
 
 def _merge(replies: dict[str, Any]) -> dict[str, Any]:
+    """One ``device_stats()`` from every host's: devices, link classes and NICs.
+
+    Link classes are counted where transfers arrive, so hosts' counts add up;
+    the longest queue and wait are maxima.
+    """
     devices: dict[int, Any] = {}
-    links: dict[str, dict[str, int]] = {}
+    links: dict[str, dict[str, Any]] = {}
+    nics: dict[str, dict[str, Any]] = {}
     programs = 0
     for reply in replies.values():
         if not isinstance(reply, dict) or "devices" not in reply:
             continue
         devices.update({int(k): v for k, v in reply["devices"].items()})
         for cls, v in reply["links"].items():
-            agg = links.setdefault(cls, {"bytes": 0, "transfers": 0})
-            agg["bytes"] += v["bytes"]
-            agg["transfers"] += v["transfers"]
+            agg = links.setdefault(cls, {})
+            for k, n in v.items():
+                agg[k] = max(agg.get(k, 0), n) if k.startswith("longest") else agg.get(k, 0) + n
+        for host, sides in reply.get("nics", {}).items():
+            nics.setdefault(host, {}).update(sides)  # a NIC's two sides are booked on its own host
         programs += reply["programs"]
-    return {"devices": dict(sorted(devices.items())), "links": links, "programs": programs}
+    return {"devices": dict(sorted(devices.items())), "links": links, "nics": dict(sorted(nics.items())),
+            "programs": programs}

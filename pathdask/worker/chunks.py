@@ -21,8 +21,9 @@ from ..chunking import empty
 from .bounded import remember
 from .transfer import SlotKey
 
-#: what travels with each chunk: (exchange key, source device, piece shape, dtype str, byte offset)
-ChunkMeta = tuple[SlotKey, int, tuple[int, ...], str, int]
+#: what travels with each chunk: (exchange key, source device, piece shape, dtype str, byte
+#: offset, when the piece may start to move (``links.py``))
+ChunkMeta = tuple[SlotKey, int, tuple[int, ...], str, int, float]
 
 
 class Reassembly:
@@ -41,7 +42,7 @@ class Reassembly:
 
     def target(self, meta: ChunkMeta, nbytes: int) -> memoryview:
         """Where a chunk of ``nbytes`` bytes goes: a writable slice of its piece."""
-        key, src, shape, dtype, offset = meta
+        key, src, shape, dtype, offset, _ = meta
         with self.lock:
             if key[0] in self.ended:
                 return memoryview(bytearray(nbytes))

@@ -98,7 +98,9 @@ def run_op(rt: Host, prog: HostProgram, device: DeviceInfo, op: Op, clock: float
         rt.store.allocate(dev, need, lambda: prog.check(op.gang))
         allocated = need
         now = time.perf_counter()
-        start = now if clock is None else min(max(clock, now - gang.cost_s), now)
+        # back to back: a kernel starts where the last gang ended, but never ends in the past;
+        # a move's pieces leave when the last gang ended
+        start = now if clock is None else min(max(clock, now - gang.cost_s) if isinstance(op, KernelOp) else clock, now)
         if isinstance(op, KernelOp):
             assert gang.body is not None
             ctx = KernelContext(rt, prog, gang, device, op.position)
@@ -110,16 +112,15 @@ def run_op(rt: Host, prog: HostProgram, device: DeviceInfo, op: Op, clock: float
             deadline = start + gang.cost_s
             worked = time.perf_counter()
             wait_until(deadline, lambda: prog.check(op.gang))
+            # If it waited for its deadline, the gang ended at its modelled time; else its real work did.
+            modelled_end = deadline if worked < deadline else time.perf_counter()
         elif isinstance(op, ReshardOp):
-            values = _reshard(rt, prog, op, device, inputs)
-            deadline = worked = start
+            # sending takes no device time; receiving ends when the last piece arrived
+            values, modelled_end = _reshard(rt, prog, op, device, inputs, start)
         else:
             assert isinstance(op, (PutOp, LoadOp))
             values = (op.take(),)
-            deadline = worked = start
-        end = time.perf_counter()
-        # If it waited for its deadline, the gang ended at its modelled time; else its real work did.
-        modelled_end = deadline if worked < deadline else end
+            modelled_end = time.perf_counter()
         rt.account(dev, modelled_end - start)
     except BaseException as e:  # noqa: BLE001 - every failure is contained to its gang
         if allocated:
@@ -173,20 +174,24 @@ def _read_inputs(rt: Host, prog: HostProgram, op: Op, dev: int) -> list[np.ndarr
     return values
 
 
-def _reshard(rt: Host, prog: HostProgram, op: ReshardOp, device: DeviceInfo, inputs: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+def _reshard(rt: Host, prog: HostProgram, op: ReshardOp, device: DeviceInfo, inputs: list[np.ndarray],
+             start: float) -> tuple[tuple[np.ndarray, ...], float]:
+    """Send this device's pieces at ``start``, receive its own; returns its block (if it is a
+    target) and when its last piece arrived (modelled)."""
     src = inputs[0] if inputs else None
     sends = {}
     for dst, index in op.sends:
         assert src is not None
         sends[dst] = src[index]  # a view: same-host pieces are not copied, remote ones stream
-    got = rt.exchange(prog.pid, op.gang, 0, device, sends, {s for s, _ in op.recvs})
+    got, arrived = rt.move(prog.pid, op.gang, 0, device, sends, {s for s, _ in op.recvs}, start=start,
+                           scale=op.scale)
     if op.output is None:
-        return ()
+        return (), arrived
     if len(op.recvs) == 1:
         whole = got[op.recvs[0][0]]
         if whole.shape == op.output.shape and whole.dtype == np.dtype(op.output.dtype):
-            return (contiguous(whole),)  # the one piece is the block: kept (buffers are immutable)
+            return (contiguous(whole),), arrived  # the one piece is the block: kept (buffers are immutable)
     out = np.empty(op.output.shape, dtype=op.output.dtype)
     for s, index in op.recvs:
         out[index] = got[s]
-    return (out,)
+    return (out,), arrived

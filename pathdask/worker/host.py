@@ -25,6 +25,12 @@ class Host(Protocol):
                  sends: dict[DeviceInfo, np.ndarray], sources: set[int]) -> dict[int, np.ndarray]:
         """Send pieces to devices and return the pieces from ``sources`` (device thread)."""
 
+    def move(self, pid: str, gang: int, seq: int, me: DeviceInfo, sends: dict[DeviceInfo, np.ndarray],
+             sources: set[int], *, start: float | None = None,
+             scale: float = 1.0) -> tuple[dict[int, np.ndarray], float]:
+        """``exchange`` for a move: pieces leave at ``start``, timed as ``scale`` times their
+        bytes; returns the pieces from ``sources`` and when they arrived (modelled)."""
+
     def abort_gang(self, prog: HostProgram, gang: GangSpec, cause: BaseException) -> None:
         """A member of ``gang`` failed: wake every member, here and on other hosts."""
 

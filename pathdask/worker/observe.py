@@ -13,9 +13,10 @@ from ..diagnosis import describe
 from ..topology import DeviceInfo
 from .device import DeviceStream
 from .ledger import Ledger
+from .links import LinkModel
 from .plans import PlanCache
 from .store import BufferStore
-from .transfer import LinkModel, Mailbox
+from .transfer import Mailbox
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -62,7 +63,7 @@ def host_stats(rt: Observed) -> dict[str, Any]:
             "idle_gap_median_s": float(np.median(gaps)) if gaps else None,
         }
     dispatched, _ = rt.ledger.counts()
-    return {"devices": devices, "links": rt.links.stats(), "programs": dispatched,
+    return {"devices": devices, "links": rt.links.stats(), "nics": rt.links.nics(), "programs": dispatched,
             "mailbox": rt.mailbox.pending()}
 
 

@@ -84,7 +84,7 @@ class Peers:
             return
         msg: dict[str, Any]
         if kind == "xfer":
-            msg = {"op": "pathdask-xfer", "pieces": [(k, s, to_serialize(v)) for k, s, v in args[0]]}
+            msg = {"op": "pathdask-xfer", "pieces": [(k, s, to_serialize(v), r) for k, s, v, r in args[0]]}
         else:
             pid, gang, cause = args
             msg = {"op": "pathdask-abort", "pid": pid, "gang": gang, "cause": to_serialize(cause)}

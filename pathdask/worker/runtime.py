@@ -44,12 +44,13 @@ from .chunks import Reassembly
 from .device import DeviceStream
 from .futures import resolve
 from .ledger import HostProgram, Ledger
+from .links import LinkModel
 from .observe import StallWatch, diagnose, host_stats
 from .peers import Peers
 from .plans import PlanCache
 from .storage import save
 from .store import BufferStore
-from .transfer import LinkModel, Mailbox, wait_until
+from .transfer import Mailbox, wait_until
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -129,6 +130,7 @@ class HostRuntime(WorkerPlugin):
             pathdask_wait_idle=self.wait_idle,
             pathdask_timeline=self.timeline,
             pathdask_activity=self.activity,
+            pathdask_transfers=self.transfers,
             pathdask_reset_observations=self.reset_observations,
             pathdask_transport=lambda: self.peers.address,
         )
@@ -355,58 +357,80 @@ class HostRuntime(WorkerPlugin):
         self, pid: str, gang: int, seq: int, me: DeviceInfo,
         sends: dict[DeviceInfo, np.ndarray], sources: set[int],
     ) -> dict[int, np.ndarray]:
-        """Send pieces to devices and wait for the pieces from ``sources`` (device thread)."""
-        start = time.perf_counter()
+        """A collective's exchange: send pieces now, wait for those from ``sources`` (device thread)."""
+        return self.move(pid, gang, seq, me, sends, sources)[0]
+
+    def move(
+        self, pid: str, gang: int, seq: int, me: DeviceInfo,
+        sends: dict[DeviceInfo, np.ndarray], sources: set[int], *,
+        start: float | None = None, scale: float = 1.0,
+    ) -> tuple[dict[int, np.ndarray], float]:
+        """Send pieces to devices and wait for the pieces from ``sources`` (device thread).
+
+        ``start`` is when the pieces are modelled to leave (default: now); each is stamped
+        with the time its sender's port lets it go (``links.py``). ``scale`` is the modelled
+        bytes per real byte of these pieces. Returns the pieces and when the last one is
+        modelled to have arrived, or really did if that was later.
+        """
+        now = time.perf_counter()
+        start = now if start is None else start
         stream = self.streams[me.id]
-        remote: dict[str, list[tuple[tuple[str, int, int, int], int, Any]]] = defaultdict(list)
+        remote: dict[str, list[tuple[tuple[str, int, int, int], int, Any, float]]] = defaultdict(list)
         for dst, value in sends.items():
             key = (pid, gang, seq, dst.id)
             if dst.id != me.id:
                 stream.bytes_out += value.nbytes
+            ready = self.links.depart(me, dst, value.nbytes, start, scale)
             if dst.address == self.address:
-                self._deliver(key, me.id, value)
+                self._deliver(key, me.id, value, ready)
             else:
-                remote[dst.address].append((key, me.id, value))
+                remote[dst.address].append((key, me.id, value, ready))
         for addr, pieces in remote.items():
             self._send_pieces(addr, pieces)
+        if not sources:
+            return {}, start
         sent = time.perf_counter()
         got = self.mailbox.collect((pid, gang, seq, me.id), sources)
-        stream.bytes_in += sum(v.nbytes for src, v in got.items() if src != me.id)
+        here = time.perf_counter()
         stream.exchanges += 1
-        stream.exchange_wait_s += time.perf_counter() - sent
+        stream.exchange_wait_s += here - sent
         deadline = start
-        for src, value in got.items():
-            arrival = self.links.arrival(src, me, value.nbytes, start)
-            deadline = max(deadline, arrival)
+        values = {}
+        for src, (value, ready) in got.items():
+            values[src] = value
+            if src != me.id:
+                stream.bytes_in += value.nbytes
+            deadline = max(deadline, self.links.arrival(src, me, value.nbytes, ready, scale))
         wait_until(deadline, lambda: self.mailbox.check(pid, gang))
-        return got
+        return values, max(deadline, here)
 
-    def _send_pieces(self, addr: str, pieces: list[tuple[tuple[str, int, int, int], int, np.ndarray]]) -> None:
+    def _send_pieces(self, addr: str, pieces: list[tuple[tuple[str, int, int, int], int, np.ndarray, float]]) -> None:
         """Small pieces go in one message; each large one streams in chunks (``chunks.py``)."""
-        small = [(k, s, contiguous(v)) for k, s, v in pieces if v.nbytes <= self.chunk]
+        small = [(k, s, contiguous(v), r) for k, s, v, r in pieces if v.nbytes <= self.chunk]
         if small:
             self.peers.send(addr, "xfer", small)
-        for key, src, value in pieces:
+        for key, src, value, ready in pieces:
             if value.nbytes > self.chunk:
                 for offset, data in split(value, self.chunk):
-                    self.peers.send_chunk(addr, (key, src, value.shape, value.dtype.str, offset), data)
+                    self.peers.send_chunk(addr, (key, src, value.shape, value.dtype.str, offset, ready), data)
 
     def _on_message(self, message: tuple[Any, ...]) -> None:
         if message[0] == "xfer":
             self.on_xfer(message[1])
         elif message[0] == "chunk":
-            piece = self.reassembly.landed(message[1], message[2])
+            meta = message[1]
+            piece = self.reassembly.landed(meta, message[2])
             if piece is not None:
-                self._deliver(message[1][0], message[1][1], piece)
+                self._deliver(meta[0], meta[1], piece, meta[5])
         elif message[0] == "abort":
             self.on_abort(*message[1:])
 
     def on_xfer(self, pieces: list[Any]) -> None:
-        for key, src, value in pieces:
-            self._deliver(tuple(key), src, value)  # type: ignore[arg-type]
+        for key, src, value, ready in pieces:
+            self._deliver(tuple(key), src, value, ready)  # type: ignore[arg-type]
 
-    def _deliver(self, key: tuple[str, int, int, int], src: int, value: np.ndarray) -> None:
-        mismatch = self.mailbox.deliver(key, src, value)
+    def _deliver(self, key: tuple[str, int, int, int], src: int, value: np.ndarray, ready: float) -> None:
+        mismatch = self.mailbox.deliver(key, src, value, ready)
         if mismatch is not None:  # the destination returned without this collective: fail the gang
             self.abort(key[0], key[1], mismatch.hosts, mismatch.error())
 
@@ -510,10 +534,17 @@ class HostRuntime(WorkerPlugin):
         """New gangs since the scheduler's cursors, with memory and link bytes (the dashboard)."""
         return activity(self, cursors, limit)
 
+    def transfers(self) -> list[tuple[float, float, int, int, str, int]]:
+        """The modelled transfers that arrived here (start, end, src, dst, link, bytes), wall-clock."""
+        offset = time.time() - time.perf_counter()
+        records, _ = self.links.transfers_after(0)
+        return [(t.start + offset, t.end + offset, *t[2:]) for t in records]
+
     def reset_observations(self) -> None:
-        """Forget recorded gaps and timelines (benchmarks call this between runs)."""
+        """Forget recorded gaps, timelines and transfers (benchmarks call this between runs)."""
         for s in self.streams.values():
             s.reset_observations()
+        self.links.reset()
 
     def _is_idle(self) -> bool:
         return self.ledger.idle() and not any(s.pending or s.head for s in self.streams.values())

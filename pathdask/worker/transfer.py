@@ -1,13 +1,12 @@
-"""Device-to-device exchange: mailboxes, link models and per-link accounting.
+"""Device-to-device exchange: mailboxes, and waiting for modelled arrival times.
 
 Every collective and every resharding is one *exchange*: a device sends
 pieces to some devices and receives pieces from others, under a key that all
 members of the gang compute the same way ``(program, gang, seq)``. Pieces for
 devices of the same host are handed over in memory; pieces for other hosts
 travel as one-way messages over a Dask comm between the two workers. The
-receiver then holds the data until the modelled arrival time of each piece:
-``latency + nbytes / bandwidth`` of its link class, with FIFO contention per
-(device, link class).
+receiver then holds the data until the modelled arrival time of each piece,
+which the link model gives (``links.py``).
 """
 
 from __future__ import annotations
@@ -22,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import GangAbortedError
-from ..topology import LINK_CLASSES, DeviceInfo, Link, Topology, device_info
 from .bounded import remember
 
 SlotKey = tuple[str, int, int, int]  # (program, gang, seq, destination device)
+Piece = tuple[np.ndarray, float]  # a piece and the time it may start to move (``links.py``)
 
 
 class Aborted(GangAbortedError):
@@ -68,7 +67,8 @@ class Mailbox:
     def __init__(self, timeout: float = 120.0) -> None:
         self.timeout = timeout
         self.cond = threading.Condition()
-        self.slots: dict[SlotKey, dict[int, np.ndarray]] = {}
+        #: per exchange key, per source device: (the piece, when it may start to move; see links.py)
+        self.slots: dict[SlotKey, dict[int, Piece]] = {}
         self.aborted: dict[tuple[str, int], BaseException] = {}
         self.dropped: OrderedDict[str, BaseException] = OrderedDict()
         # Programs finished on this host; late pieces for them are discarded.
@@ -79,7 +79,7 @@ class Mailbox:
         #: hosts) once its body returned; a piece for a later collective is a mismatch
         self.closed: OrderedDict[tuple[str, int, int], tuple[int, str, frozenset[str]]] = OrderedDict()
 
-    def deliver(self, key: SlotKey, src: int, value: np.ndarray) -> Mismatch | None:
+    def deliver(self, key: SlotKey, src: int, value: np.ndarray, ready: float) -> Mismatch | None:
         """Hand a piece to its device; a :class:`Mismatch` if that device will never collect it."""
         with self.cond:
             closed = self.closed.get((key[0], key[1], key[3]))
@@ -87,7 +87,7 @@ class Mailbox:
                 return Mismatch(key, src, *closed)
             if key[0] in self.finished:
                 return None  # its gang was aborted on this host: nothing waits for it
-            self.slots.setdefault(key, {})[src] = value
+            self.slots.setdefault(key, {})[src] = (value, ready)
             self.cond.notify_all()
             return None
 
@@ -107,7 +107,7 @@ class Mailbox:
         with self.cond:  # an RLock: ``collect`` calls this holding it
             return self.dropped.get(program) or self.aborted.get((program, gang))
 
-    def collect(self, key: SlotKey, sources: set[int]) -> dict[int, np.ndarray]:
+    def collect(self, key: SlotKey, sources: set[int]) -> dict[int, Piece]:
         """Wait until a piece from every source arrived (or the gang is aborted)."""
         now = time.monotonic()
         deadline = now + self.timeout
@@ -121,7 +121,7 @@ class Mailbox:
             finally:
                 self.waits.pop(key[3], None)
 
-    def _collect(self, key: SlotKey, sources: set[int], deadline: float) -> dict[int, np.ndarray]:
+    def _collect(self, key: SlotKey, sources: set[int], deadline: float) -> dict[int, Piece]:
         """``collect``'s wait; holds ``cond``."""
         while True:
             cause = self.check(key[0], key[1])
@@ -178,50 +178,6 @@ class Mailbox:
             missing = sorted(sources - set(self.slots.get(key, {})))
             return {"program": key[0], "gang": key[1], "collective": key[2], "from_devices": missing,
                     "since": since}
-
-
-class LinkModel:
-    """Modelled arrival times and bytes moved, per link class, for one host's devices.
-
-    Threads: device threads call ``arrival``; every field is guarded by ``lock``.
-    """
-
-    def __init__(self, topology: Topology) -> None:
-        self.topology = topology
-        self.lock = threading.Lock()
-        self.busy_until: dict[tuple[int, str], float] = {}
-        self.bytes: dict[str, int] = dict.fromkeys(LINK_CLASSES, 0)
-        self.transfers: dict[str, int] = dict.fromkeys(LINK_CLASSES, 0)
-        #: (source device, destination device) -> bytes that arrived over a link
-        self.pair_bytes: dict[tuple[int, int], int] = {}
-        self._pairs: dict[tuple[int, int], tuple[str, Link | None]] = {}
-
-    def arrival(self, src: int, dst: DeviceInfo, nbytes: int, start: float) -> float:
-        """When a piece sent at ``start`` from device ``src`` is modelled to be in ``dst``'s memory."""
-        with self.lock:
-            pair = self._pairs.get((src, dst.id))
-            if pair is None:
-                cls = self.topology.link_class(device_info(self.topology, src), dst)
-                pair = self._pairs[(src, dst.id)] = (cls, self.topology.link(cls))
-            cls, link = pair
-            if link is None:
-                return start
-            free_at = max(start, self.busy_until.get((dst.id, cls), 0.0))
-            done = free_at + nbytes / link.bandwidth
-            self.busy_until[(dst.id, cls)] = done
-            self.bytes[cls] += nbytes
-            self.transfers[cls] += 1
-            self.pair_bytes[(src, dst.id)] = self.pair_bytes.get((src, dst.id), 0) + nbytes
-        return done + link.latency
-
-    def stats(self) -> dict[str, dict[str, int]]:
-        with self.lock:
-            return {c: {"bytes": self.bytes[c], "transfers": self.transfers[c]} for c in LINK_CLASSES}
-
-    def pairs(self) -> list[tuple[int, int, int]]:
-        """(source, destination, bytes) for every device pair that moved bytes to this host."""
-        with self.lock:
-            return [(s, d, n) for (s, d), n in self.pair_bytes.items()]
 
 
 def wait_until(deadline: float, is_aborted: Callable[[], BaseException | None] | None = None) -> None:
