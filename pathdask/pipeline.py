@@ -46,6 +46,7 @@ between meshes are ``reshard`` gangs.
 
 Examples
 --------
+>>> import numpy as np
 >>> import pathdask as pw
 >>> from pathdask import P
 >>> @pw.function(in_specs=(P(), P()), out_specs=P())
@@ -330,6 +331,11 @@ class Pipeline:
                 y = st.forward.named(f"s{s}.F.m{m}")(params[s], x, mesh=st.mesh)
                 if s == last:
                     losses[m], grads_in[(s, m)] = self.loss.named(f"s{s}.L.m{m}")(y, ys[m], mesh=st.mesh)
+                    if losses[m].shape != ():
+                        raise PipelineError(
+                            f"loss {self.loss.name!r} must return the microbatch's mean loss as a scalar "
+                            f"(shape ()), got shape {losses[m].shape}"
+                        )
                 else:
                     outputs[(s, m)] = y
             elif kind == "B":
