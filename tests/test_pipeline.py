@@ -338,3 +338,46 @@ def test_devices_follow_the_schedule_close_to_its_ideal_time(client, schedule):
     assert ideal <= makespan < 1.25 * ideal, f"{schedule}: {makespan:.3f}s, ideal {ideal:.3f}s"
     for a in (loss, *grads, *params, *xs, *ys):
         a.delete()
+
+
+def test_pipeline_inside_a_training_step_program(client):
+    """A program that calls the pipeline inlines it: one step runs it and the update."""
+    meshes = stage_meshes(client, 2, 2)
+    ws, x, y = problem(2, seed=2)
+    pipe = make_pipe(meshes, "1f1b")
+    sgd = pw.function(lambda w, g: w - 0.1 * g, in_specs=(P(), P()), out_specs=P(), name="sgd")
+
+    @pw.program
+    def train_step(*arrays):
+        params = list(arrays[:2])
+        loss, grads = pipe(params, list(arrays[2:2 + MICRO]), list(arrays[2 + MICRO:]))
+        return (loss, *(sgd(w, g) for w, g in zip(params, grads)))
+
+    params = [client.put(w, m, P()) for w, m in zip(ws, meshes)]
+    xs, ys = pipe.put_batch(client, x, y)
+    loss, *new = train_step(*params, *xs, *ys)
+    ref_loss, ref_grads = reference(ws, x, y)
+    np.testing.assert_allclose(loss.result(), ref_loss, rtol=1e-12)
+    for w, g, got in zip(ws, ref_grads, new):
+        np.testing.assert_allclose(got.result(), w - 0.1 * g, rtol=1e-10)
+    assert [g.name for g in train_step.trace(*params, *xs, *ys).gangs][-2:] == ["sgd", "sgd"]
+    for a in (loss, *new, *params, *xs, *ys):
+        a.delete()
+
+
+def test_loss_must_be_a_scalar(client):
+    meshes = stage_meshes(client, 2, 1)
+    ws, x, y = problem(2)
+
+    @pw.function(in_specs=(ROWS, ROWS), out_specs=(P(), ROWS))
+    def row_loss(out, t):
+        err = out - t
+        return pw.pmean(np.mean(err * err, axis=0), "d"), err  # per column: not a scalar
+
+    pipe = Pipeline([Stage(layer_forward, layer_backward, m) for m in meshes], row_loss, microbatches=2)
+    params = [client.put(w, m, P()) for w, m in zip(ws, meshes)]
+    xs, ys = pipe.put_batch(client, x, y)
+    with pytest.raises(pw.PipelineError, match=r"loss 'row_loss' must return .* scalar \(shape \(\)\), got shape \(6,\)"):
+        pipe(params, xs, ys)
+    for a in (*params, *xs, *ys):
+        a.delete()
