@@ -87,7 +87,7 @@ if TYPE_CHECKING:
     from .client.array import ShardedArray
     from .client.client import Client
 
-__all__ = ["SCHEDULES", "Pipeline", "Stage"]
+__all__ = ["SCHEDULES", "Pipeline", "Stage", "schedule_table", "simulate"]
 
 #: the schedules a :class:`Pipeline` runs
 SCHEDULES = ("gpipe", "1f1b")
