@@ -6,6 +6,7 @@ The public surface is re-exported here; everything else is private.
 from __future__ import annotations
 
 from . import config as _config  # noqa: F401  (registers the pathdask.* config defaults)
+from . import pipeline  # pathdask.pipeline: GPipe and 1F1B over stage meshes
 from .client.array import ShardedArray
 from .client.client import Client, connect
 from .client.function import Function, function
@@ -32,6 +33,7 @@ from .errors import (
     GangAbortedError,
     KernelOutputError,
     MeshError,
+    PipelineError,
     PlanMissingError,
     ReplicationError,
     ShapeMismatchError,
@@ -64,6 +66,7 @@ __all__ = [
     "MeshError",
     "P",
     "PartitionSpec",
+    "PipelineError",
     "PlanMissingError",
     "ReplicationError",
     "Program",
@@ -81,6 +84,7 @@ __all__ = [
     "axis_size",
     "connect",
     "function",
+    "pipeline",
     "pmax",
     "pmean",
     "pmin",

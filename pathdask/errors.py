@@ -17,6 +17,7 @@ __all__ = [
     "GangAbortedError",
     "KernelOutputError",
     "MeshError",
+    "PipelineError",
     "PlanMissingError",
     "ReplicationError",
     "ShapeMismatchError",
@@ -37,6 +38,10 @@ class ShardingError(ValueError):
 
 class MeshError(ShardingError):
     """Arrays or functions were combined on meshes that do not match."""
+
+
+class PipelineError(ValueError):
+    """A pipeline's stages, parameters or microbatches do not fit together."""
 
 
 class SliceTooLargeError(ValueError):

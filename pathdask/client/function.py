@@ -77,6 +77,25 @@ class Function:
     def __repr__(self) -> str:
         return f"<pathdask.function {self.name} in={self.in_specs} out={self.out_specs}>"
 
+    def named(self, name: str) -> Function:
+        """This function under another name: the name of the gangs that its calls record.
+
+        The twin shares the body, specs, cost and the inference cache, so naming a
+        call (for traces: stage, forward or backward, microbatch) costs no
+        re-inference. Only the name differs, and the one-gang program that a
+        direct call runs is the twin's own.
+
+        Examples
+        --------
+        >>> f3 = forward.named("s0.F.m3")           # doctest: +SKIP
+        >>> y = f3(w, x)                            # doctest: +SKIP  (a gang named "s0.F.m3")
+        """
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)  # the same body, specs, cost, cache and its lock
+        twin.__dict__.pop("_direct_programs", None)
+        twin.name = str(name)
+        return twin
+
     def __call__(self, *args: Any, mesh: Mesh | None = None) -> Any:
         from .program import call_function
 
