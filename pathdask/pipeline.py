@@ -42,7 +42,7 @@ Gangs are named for traces (devices x time, coloured by stage and
 microbatch): ``s2.F.m5`` is stage 2's forward of microbatch 5, ``s2.B.m5``
 its backward, ``s3.L.m5`` the loss on the last stage, ``s2.acc.m5`` the
 gradient accumulation after a backward and ``s2.mean`` a final mean; moves
-between meshes are ``reshard`` gangs.
+between meshes are named for their stages, ``s1>s2 m5`` forward and ``s2>s1 m5`` back.
 
 Examples
 --------
@@ -158,6 +158,10 @@ class Pipeline:
         and the loss's mean ride in these gangs.
     name : str
         The program's name.
+    move_nbytes : callable, optional
+        ``move_nbytes(s)``: the bytes one microbatch's activation leaving stage ``s``
+        (and its gradient coming back) is modelled to have; moves are timed as if
+        they had that many (``x.to(..., model_nbytes=)``). By default, their real bytes.
 
     Calling the pipeline, ``pipe(params, xs, ys)``, returns ``(loss, grads)`` as
     futures at once: ``loss`` the mean loss (a replicated scalar on the last
@@ -174,8 +178,10 @@ class Pipeline:
     """
 
     def __init__(self, stages: Sequence[Stage], loss: Function, microbatches: int, schedule: str = "1f1b", *,
-                 accumulate: str = "running", name: str = "pipeline") -> None:
+                 accumulate: str = "running", name: str = "pipeline",
+                 move_nbytes: Callable[[int], float] | None = None) -> None:
         self.stages = tuple(stages)
+        self.move_nbytes = move_nbytes
         if not self.stages:
             raise PipelineError("A pipeline needs at least one Stage")
         for i, st in enumerate(self.stages):
@@ -298,6 +304,9 @@ class Pipeline:
                 )
         return list(params), list(xs), list(ys)
 
+    def _nbytes(self, stage: int) -> float | None:
+        return None if self.move_nbytes is None else float(self.move_nbytes(stage))
+
     def _mean(self, specs: tuple[PartitionSpec, ...], n: int, scale: float) -> Function:
         """A gang that sums ``n`` arrays of each spec and scales the sums (one Function per kind)."""
         key = (specs, n, scale)
@@ -327,7 +336,7 @@ class Pipeline:
         for kind, s, m in _events(self.schedule_table()):
             st = stages[s]
             if kind == "F":
-                x = inputs[(s, m)] = _move(inputs[(s, m)], st.mesh, st.forward.in_specs[1])
+                x = inputs[(s, m)] = inputs[(s, m)].to(st.mesh, st.forward.in_specs[1], name=f"in.m{m}")
                 y = st.forward.named(f"s{s}.F.m{m}")(params[s], x, mesh=st.mesh)
                 if s == last:
                     losses[m], grads_in[(s, m)] = self.loss.named(f"s{s}.L.m{m}")(y, ys[m], mesh=st.mesh)
@@ -364,10 +373,12 @@ class Pipeline:
                         acc[s] = self._mean((gspec,), 2, scale).named(name)(acc[s], dp, mesh=st.mesh)
             elif kind == "sendF":  # y of (s, m) moves on to stage s+1, as soon as it is made
                 nxt = stages[s + 1]
-                inputs[(s + 1, m)] = _move(outputs.pop((s, m)), nxt.mesh, nxt.forward.in_specs[1])
+                inputs[(s + 1, m)] = outputs.pop((s, m)).to(nxt.mesh, nxt.forward.in_specs[1], name=f"s{s}>s{s + 1} m{m}",
+                                                            model_nbytes=self._nbytes(s))
             else:  # "sendB": dx of (s, m) moves back to stage s-1
                 prev = stages[s - 1]
-                grads_in[(s - 1, m)] = _move(grads_out.pop((s, m)), prev.mesh, prev.backward.in_specs[2])
+                grads_in[(s - 1, m)] = grads_out.pop((s, m)).to(prev.mesh, prev.backward.in_specs[2],
+                                                                name=f"s{s}>s{s - 1} m{m}", model_nbytes=self._nbytes(s - 1))
         if n_micro == 1:
             return (losses[0], *(d[0] for d in dparams))
         if running:
@@ -397,13 +408,6 @@ def _summer(k: int, n: int, scale: float) -> Callable[..., Any]:
         return tuple(outs) if k > 1 else outs[0]
 
     return mean
-
-
-def _move(x: Any, mesh: Mesh, spec: PartitionSpec) -> Any:
-    """``x`` (a traced value) on ``mesh`` with ``spec``: a reshard gang, recorded now, unless it is there."""
-    if x.mesh == mesh and x.spec == spec:
-        return x
-    return x.trace.reshard(x, mesh, spec)
 
 
 def schedule_table(stages: int, microbatches: int, schedule: str) -> list[list[Step]]:

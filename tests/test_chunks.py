@@ -25,7 +25,7 @@ def test_split_and_reassemble_give_back_the_piece(shape, chunk, step, dtype):
     re = Reassembly()
     got = None
     for offset, data in reversed(parts):  # order does not matter
-        meta = (KEY, 3, piece.shape, piece.dtype.str, offset, 0.0)
+        meta = (KEY, 3, piece.shape, piece.dtype.str, offset, (0.0, 1.0))
         re.target(meta, data.nbytes)[:] = data
         got = re.landed(meta, data.nbytes)
     assert got is not None and not re.partial
@@ -41,11 +41,11 @@ def test_a_contiguous_piece_is_cut_without_copies():
 
 def test_chunks_of_a_program_that_ended_are_received_and_forgotten():
     re = Reassembly()
-    meta = (KEY, 3, (100,), "<f8", 0, 0.0)
+    meta = (KEY, 3, (100,), "<f8", 0, (0.0, 1.0))
     re.target(meta, 400)
     re.drop("p")
     assert not re.partial
-    re.target((KEY, 3, (100,), "<f8", 400, 0.0), 400)[:] = b"x" * 400  # late chunk: scratch space
+    re.target((KEY, 3, (100,), "<f8", 400, (0.0, 1.0)), 400)[:] = b"x" * 400  # late chunk: scratch space
     assert re.landed(meta, 400) is None and not re.partial
 
 

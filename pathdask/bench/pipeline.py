@@ -55,7 +55,7 @@ class Config:
     devices: int = 16  # devices_per_host = 2
     stages: tuple[int, ...] = (2, 4, 8)
     islands: tuple[int, ...] = (2, 4)  # the largest pipeline split over this many islands
-    batch: int = 64  # global batch of every row (examples)
+    batch: int = 64  # global batch of every row (examples): a multiple of 4 x devices
     steps: int = 2  # timed steps per row, after one untimed
     chunks: int = 8  # gradient chunks exchanged over DCN in the data-parallel rows
     device_flops: str = "25 TFLOP/s"
@@ -65,7 +65,7 @@ class Config:
 
     @classmethod
     def small(cls) -> Config:
-        return cls(devices=8, stages=(2, 4), islands=(2,), batch=16, steps=1, chunks=4)
+        return cls(devices=8, stages=(2, 4), islands=(2,), batch=32, steps=1, chunks=4)
 
 
 def _modelled(tr: Any) -> Any:
@@ -75,8 +75,9 @@ def _modelled(tr: Any) -> Any:
 
 
 def _topology(cfg: Config, islands: int) -> Topology:
-    return Topology(islands=islands, hosts_per_island=cfg.devices // 2 // islands, devices_per_host=2,
-                    device_flops=cfg.device_flops, dcn=cfg.dcn, hbm="4 GiB")
+    return Topology.from_dict({"islands": islands, "hosts_per_island": cfg.devices // 2 // islands,
+                               "devices_per_host": 2, "device_flops": cfg.device_flops, "dcn": cfg.dcn,
+                               "hbm": "4 GiB"})
 
 
 class Bench:
@@ -183,6 +184,7 @@ def data_parallel(b: Bench, client: Any, islands: int) -> float:
         params = [arrays[i * k:(i + 1) * k] for i in range(islands)]
         tokens, targets = arrays[islands * k:islands * k + islands], arrays[islands * k + islands:]
         grads: list[list[Any]] = [[None] * k for _ in range(islands)]
+        moved: list[list[Any]] = [[None] * k for _ in range(islands)]
         losses = []
         for i in range(islands):
             acts = [tokens[i]]
@@ -192,11 +194,11 @@ def data_parallel(b: Bench, client: Any, islands: int) -> float:
             losses.append(loss)
             for c in reversed(range(k)):
                 grads[i][c], dy = chunks[c].backward(params[i][c], acts[c], dy)
+                if islands == 2:  # each chunk's gradient crosses DCN while the backward goes on
+                    moved[i][c] = _my_part(grads[i][c]).to(meshes[1 - i], P("data"),
+                                                           model_nbytes=chunks[c].modelled_param_bytes())
         if islands == 1:
             return (*[chunks[c].sgd(params[0][c], grads[0][c]) for c in range(k)], *losses)
-        # chunk k-1's gradient is ready first: it crosses DCN while the backward goes on
-        moved = [[_my_part(grads[i][c]).to(meshes[1 - i], P("data"), model_nbytes=chunks[c].modelled_param_bytes())
-                  for c in range(k)] for i in range(islands)]
         new = [apply_two(params[i][c], grads[i][c], moved[1 - i][c]) for i in range(islands) for c in range(k)]
         return (*new, *losses)
 
@@ -225,7 +227,7 @@ def run(cfg: Config, out: str = "bench-results", echo: Echo = print) -> dict[str
 
     def add(name: str, seconds: float, stages: int | None = None, micro: int | None = None) -> None:
         tps = b.tokens_per_s(seconds)
-        bubble = micro / (micro + stages - 1) if stages else None
+        bubble = micro / (micro + stages - 1) if stages and micro else None
         rows.append({"row": name, "step_s": seconds, "tokens_per_s": tps, "efficiency": tps / b.peak,
                      "bubble": bubble, "S": stages, "M": micro})
         echo(f"  {name}: {seconds:.3f} s/step")

@@ -22,8 +22,8 @@ from .bounded import remember
 from .transfer import SlotKey
 
 #: what travels with each chunk: (exchange key, source device, piece shape, dtype str, byte
-#: offset, when the piece may start to move (``links.py``))
-ChunkMeta = tuple[SlotKey, int, tuple[int, ...], str, int, float]
+#: offset, the piece's stamp: when it may start to move and its scale (``links.py``))
+ChunkMeta = tuple[SlotKey, int, tuple[int, ...], str, int, tuple[float, float]]
 
 
 class Reassembly:

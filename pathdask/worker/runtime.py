@@ -368,23 +368,23 @@ class HostRuntime(WorkerPlugin):
         """Send pieces to devices and wait for the pieces from ``sources`` (device thread).
 
         ``start`` is when the pieces are modelled to leave (default: now); each is stamped
-        with the time its sender's port lets it go (``links.py``). ``scale`` is the modelled
-        bytes per real byte of these pieces. Returns the pieces and when the last one is
-        modelled to have arrived, or really did if that was later.
+        with the time its sender's port lets it go and ``scale``, the modelled bytes per real
+        byte (``links.py``); the receiver books its port as the piece comes. Returns the
+        pieces and when the last one is modelled to have arrived, or really did if later.
         """
         now = time.perf_counter()
         start = now if start is None else start
         stream = self.streams[me.id]
-        remote: dict[str, list[tuple[tuple[str, int, int, int], int, Any, float]]] = defaultdict(list)
+        remote: dict[str, list[tuple[tuple[str, int, int, int], int, Any, tuple[float, float]]]] = defaultdict(list)
         for dst, value in sends.items():
             key = (pid, gang, seq, dst.id)
             if dst.id != me.id:
                 stream.bytes_out += value.nbytes
-            ready = self.links.depart(me, dst, value.nbytes, start, scale)
+            stamp = (self.links.depart(me, dst, value.nbytes, start, scale), scale)
             if dst.address == self.address:
-                self._deliver(key, me.id, value, ready)
+                self._deliver(key, me.id, value, stamp)
             else:
-                remote[dst.address].append((key, me.id, value, ready))
+                remote[dst.address].append((key, me.id, value, stamp))
         for addr, pieces in remote.items():
             self._send_pieces(addr, pieces)
         if not sources:
@@ -396,23 +396,24 @@ class HostRuntime(WorkerPlugin):
         stream.exchange_wait_s += here - sent
         deadline = start
         values = {}
-        for src, (value, ready) in got.items():
+        for src, (value, arrival) in got.items():
             values[src] = value
             if src != me.id:
                 stream.bytes_in += value.nbytes
-            deadline = max(deadline, self.links.arrival(src, me, value.nbytes, ready, scale))
+            deadline = max(deadline, arrival)
         wait_until(deadline, lambda: self.mailbox.check(pid, gang))
         return values, max(deadline, here)
 
-    def _send_pieces(self, addr: str, pieces: list[tuple[tuple[str, int, int, int], int, np.ndarray, float]]) -> None:
+    def _send_pieces(self, addr: str,
+                     pieces: list[tuple[tuple[str, int, int, int], int, np.ndarray, tuple[float, float]]]) -> None:
         """Small pieces go in one message; each large one streams in chunks (``chunks.py``)."""
         small = [(k, s, contiguous(v), r) for k, s, v, r in pieces if v.nbytes <= self.chunk]
         if small:
             self.peers.send(addr, "xfer", small)
-        for key, src, value, ready in pieces:
+        for key, src, value, stamp in pieces:
             if value.nbytes > self.chunk:
                 for offset, data in split(value, self.chunk):
-                    self.peers.send_chunk(addr, (key, src, value.shape, value.dtype.str, offset, ready), data)
+                    self.peers.send_chunk(addr, (key, src, value.shape, value.dtype.str, offset, stamp), data)
 
     def _on_message(self, message: tuple[Any, ...]) -> None:
         if message[0] == "xfer":
@@ -426,11 +427,16 @@ class HostRuntime(WorkerPlugin):
             self.on_abort(*message[1:])
 
     def on_xfer(self, pieces: list[Any]) -> None:
-        for key, src, value, ready in pieces:
-            self._deliver(tuple(key), src, value, ready)  # type: ignore[arg-type]
+        for key, src, value, stamp in pieces:
+            self._deliver(tuple(key), src, value, stamp)  # type: ignore[arg-type]
 
-    def _deliver(self, key: tuple[str, int, int, int], src: int, value: np.ndarray, ready: float) -> None:
-        mismatch = self.mailbox.deliver(key, src, value, ready)
+    def _deliver(self, key: tuple[str, int, int, int], src: int, value: np.ndarray,
+                 stamp: tuple[float, float]) -> None:
+        """A piece is here: its receiving port is booked now, in the order pieces come, and the
+        mailbox holds it with its modelled arrival."""
+        ready, scale = stamp
+        arrival = self.links.arrival(src, self.devices[key[3]], value.nbytes, ready, scale)
+        mismatch = self.mailbox.deliver(key, src, value, arrival)
         if mismatch is not None:  # the destination returned without this collective: fail the gang
             self.abort(key[0], key[1], mismatch.hosts, mismatch.error())
 

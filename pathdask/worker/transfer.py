@@ -24,7 +24,7 @@ from ..errors import GangAbortedError
 from .bounded import remember
 
 SlotKey = tuple[str, int, int, int]  # (program, gang, seq, destination device)
-Piece = tuple[np.ndarray, float]  # a piece and the time it may start to move (``links.py``)
+Piece = tuple[np.ndarray, float]  # a piece and its modelled arrival (``links.py``)
 
 
 class Aborted(GangAbortedError):
@@ -67,7 +67,7 @@ class Mailbox:
     def __init__(self, timeout: float = 120.0) -> None:
         self.timeout = timeout
         self.cond = threading.Condition()
-        #: per exchange key, per source device: (the piece, when it may start to move; see links.py)
+        #: per exchange key, per source device: (the piece, its modelled arrival; see links.py)
         self.slots: dict[SlotKey, dict[int, Piece]] = {}
         self.aborted: dict[tuple[str, int], BaseException] = {}
         self.dropped: OrderedDict[str, BaseException] = OrderedDict()
@@ -79,7 +79,7 @@ class Mailbox:
         #: hosts) once its body returned; a piece for a later collective is a mismatch
         self.closed: OrderedDict[tuple[str, int, int], tuple[int, str, frozenset[str]]] = OrderedDict()
 
-    def deliver(self, key: SlotKey, src: int, value: np.ndarray, ready: float) -> Mismatch | None:
+    def deliver(self, key: SlotKey, src: int, value: np.ndarray, arrival: float) -> Mismatch | None:
         """Hand a piece to its device; a :class:`Mismatch` if that device will never collect it."""
         with self.cond:
             closed = self.closed.get((key[0], key[1], key[3]))
@@ -87,7 +87,7 @@ class Mailbox:
                 return Mismatch(key, src, *closed)
             if key[0] in self.finished:
                 return None  # its gang was aborted on this host: nothing waits for it
-            self.slots.setdefault(key, {})[src] = (value, ready)
+            self.slots.setdefault(key, {})[src] = (value, arrival)
             self.cond.notify_all()
             return None
 
