@@ -95,3 +95,26 @@ def test_bench_dashboard_small(tmp_path, capsys):
     assert all(0 < r["median_ms"] <= r["max_ms"] for r in data["routes"])
     assert all(n > 0 for n in result["calls"].values())
     assert "/pathdask/api/timeline" in capsys.readouterr().out  # the table of figures is printed
+
+
+@pytest.mark.slow
+def test_bench_pipeline_small(tmp_path):
+    """Every row runs (SPMD, pipelines, islands, data parallel), on a model whose modelled
+    time is small enough for CI; the ratios and both traces are written."""
+    from pathdask.bench import pipeline
+
+    cfg = pipeline.Config(devices=4, stages=(2,), islands=(2,), batch=16, steps=1, chunks=2,
+                          device_flops="400 TFLOP/s")
+    result = pipeline.run(cfg, out=str(tmp_path), echo=lambda s: None)
+    rows = {r["row"]: r for r in result["rows"]}
+    assert set(rows) == {"SPMD", "pipeline S=2 M=8", "pipeline S=2 M=8, 2 islands", "data parallel, 1 island",
+                         "data parallel, 2 islands"}
+    assert rows["pipeline S=2 M=8"]["bubble"] == pytest.approx(8 / 9)
+    assert all(r["tokens_per_s"] > 0 and r["efficiency"] <= 1.0 for r in rows.values())
+    assert set(result["ratios"]) >= {"dp_two_islands_over_one", "worst_pipeline_vs_bubble",
+                                     "pipeline_S2_2_islands_over_one", "dcn_s_per_step_over_step_s"}
+    assert result["ratios"]["dcn_s_per_step_over_step_s"] > 0  # gradients really crossed DCN
+    saved = json.loads((tmp_path / "pipeline.json").read_text())
+    assert saved["ratios"] == pytest.approx(result["ratios"])
+    for name in ("pipeline-trace.html", "dcn-overlap.html"):
+        assert "Bokeh" in (tmp_path / name).read_text()
