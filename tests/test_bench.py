@@ -103,9 +103,7 @@ def test_bench_pipeline_small(tmp_path):
     time is small enough for CI; the ratios and both traces are written."""
     from pathdask.bench import pipeline
 
-    cfg = pipeline.Config(devices=4, stages=(2,), islands=(2,), batch=16, steps=1, chunks=2,
-                          device_flops="400 TFLOP/s")
-    result = pipeline.run(cfg, out=str(tmp_path), echo=lambda s: None)
+    result = pipeline.run(pipeline.Config.small(), out=str(tmp_path), echo=lambda s: None)
     rows = {r["row"]: r for r in result["rows"]}
     assert set(rows) == {"SPMD", "pipeline S=2 M=8", "pipeline S=2 M=8, 2 islands", "data parallel, 1 island",
                          "data parallel, 2 islands"}
