@@ -37,6 +37,9 @@ class Interruptions:
         self.changed = asyncio.Condition()
         #: (host, client) pairs still suspending
         self.pending: set[tuple[str, str]] = set()
+        #: hosts leaving now -> the ask in progress: a host that leaves by SIGTERM is reported both
+        #: by its own teardown and by Dask's closing_gracefully, and its clients are asked once
+        self.leaving: dict[str, asyncio.Task[list[str]]] = {}
 
     def opt_in(self, client: str) -> None:
         self.opted_in.add(client)
@@ -51,8 +54,16 @@ class Interruptions:
     async def host_leaving(self, address: str) -> list[str]:
         """Ask the opted-in clients with a slice on ``address`` to suspend; wait for them.
 
-        Returns the clients that suspended in time.
+        Returns the clients that suspended in time. A second report of the same host
+        waits for the first one's ask instead of asking again.
         """
+        task = self.leaving.get(address)
+        if task is None:
+            task = self.leaving[address] = asyncio.create_task(self._ask(address))
+            task.add_done_callback(lambda _: self.leaving.pop(address, None))
+        return await asyncio.shield(task)
+
+    async def _ask(self, address: str) -> list[str]:
         rec = self.resources.hosts.get(address)
         if rec is None:
             return []
