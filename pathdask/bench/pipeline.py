@@ -61,7 +61,8 @@ class Config:
     #: the modelled device's sustained speed; slow enough that this machine's real overhead per
     #: small gang (a loss's collectives: ~20 ms on 2 busy cores) stays small beside a stage's time
     device_flops: str = "10 TFLOP/s"
-    dcn: dict[str, str] = field(default_factory=lambda: {"bandwidth": "5 GB/s", "latency": "50us"})
+    #: per host NIC; slow enough that the gradients' DCN time is a visible part of a step
+    dcn: dict[str, str] = field(default_factory=lambda: {"bandwidth": "2 GB/s", "latency": "50us"})
     computed: dict[str, int] = field(default_factory=lambda: {
         "vocab": 32, "d_model": 16, "heads": 2, "d_ff": 32, "seq": 8, "layers": 8})
 
@@ -314,6 +315,7 @@ def _plots(traces: dict[str, Any], out: str, stages: int, islands: int) -> list[
     if "pipeline" in traces:
         colors = {f"stage {i}, {half} microbatches": Category20_20[(2 * i + (half == "odd")) % 20]
                   for i in range(stages) for half in ("even", "odd")}
+        colors["moves and sums"] = "#d9d9d9"  # a receive waiting for its piece is the bubble
         fig = traces["pipeline"].pathdask.plot(
             color_by=stage_colour, colors=colors,
             title=f"Figure 10: {stages} pipeline stages over {islands} islands (colour: stage; "

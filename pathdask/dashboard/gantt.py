@@ -64,8 +64,11 @@ def gantt_figure(source: ColumnDataSource, devices: Sequence[int], **kwargs: Any
     fig.add_tools(HoverTool(tooltips=TOOLTIPS, point_policy="follow_mouse"))
     set_devices(fig, devices)
     legend = fig.legend[0]
-    legend.orientation = "horizontal"
-    fig.add_layout(legend, "above")  # above the rows, never over a bar
+    if len(set(source.data["client"])) <= 8:
+        legend.orientation = "horizontal"
+        fig.add_layout(legend, "above")  # above the rows, never over a bar
+    else:
+        fig.add_layout(legend, "right")  # many labels: a column beside the rows
     return fig
 
 
