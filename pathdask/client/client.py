@@ -14,6 +14,7 @@ import dask
 import numpy as np
 from dask.utils import parse_bytes, parse_timedelta
 from distributed import Client as DaskClient
+from distributed import Future
 from distributed.protocol import to_serialize
 
 from ..diagnosis import Diagnosis
@@ -25,6 +26,7 @@ from ..sharding import Sharding
 from ..spec import PartitionSpec
 from ..topology import DeviceId, DeviceInfo, Topology
 from .array import ShardedArray
+from .calls import build_call
 from .lowering import build_graph, build_sequential_graph, lower
 from .program import Program
 
@@ -78,6 +80,8 @@ class Client:
                 "it with pathdask.LocalSystem, or with `dask scheduler --preload pathdask.preload`"
             )
         self.topology = Topology.from_dict(info["topology"])
+        #: the scheduler creates the tasks of calls itself (``calls.py``); else calls submit graphs
+        self._calls = bool(info.get("calls"))
 
     @property
     def id(self) -> str:
@@ -320,12 +324,30 @@ class Client:
             graph, keys, out_keys = build_sequential_graph(pid, program, plans, inputs, self.id, arg_keys)
         else:
             self._send_plans(plans)
+            if self._calls and all(p.id for p in plans.values()):
+                msg, keys, out_keys = build_call(pid, plans, inputs)
+                futures = self._send_call(msg, keys)
+                by_key = dict(zip(keys, futures))
+                self._hold(pid, futures, keepalive)
+                return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
             payloads: dict[str, HostPlan | str] = {a: p.id for a, p in plans.items() if p.id}
             graph, keys, out_keys = build_graph(pid, plans, inputs, self.id, payloads)
         futures = self.dask.get(graph, keys, sync=False)
         by_key = dict(zip(keys, futures))
         self._hold(pid, futures, keepalive)
         return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
+
+    def _send_call(self, msg: dict[str, Any], keys: list[Any]) -> list[Future]:
+        """Send a call on the Dask client's stream; returns the futures of its keys.
+
+        As ``distributed.Client`` does for a graph: the futures exist before the message
+        goes, so that the scheduler's reports on their keys find them.
+        """
+        dc = self.dask
+        with dc._refcount_lock:
+            futures: list[Future] = [Future(k, dc) for k in keys]
+            dc._send_to_scheduler(msg)
+        return futures
 
     def _unsent(self, plans: dict[str, HostPlan]) -> dict[str, HostPlan]:
         """The cached plans (by host) that their host does not hold yet; marks the others used."""

@@ -111,7 +111,7 @@ def _annotation(pid: str, plans: dict[str, HostPlan], out_keys: dict[int, dict[s
     return {
         "pid": pid,
         "hosts": {addr: list(plan.ops) for addr, plan in plans.items()},
-        "outputs": [(key, addr) for hosts in out_keys.values() for addr, key in hosts.items()],
+        "outputs": [(key, addr, j) for j, hosts in out_keys.items() for addr, key in hosts.items()],
         "cost": cost,
         "deps": sorted({producer for producer, _ in inputs}),
     }

@@ -21,9 +21,10 @@ from distributed.core import clean_exception, error_message
 from distributed.protocol import Serialized, deserialize, to_serialize
 from distributed.protocol.pickle import dumps
 
-from ..errors import DeviceLostError
-from ..ops import DISPATCH_PREFIX, OUT_PREFIX
+from ..errors import DeviceLostError, DispatchError
+from ..ops import DISPATCH_PREFIX
 from ..topology import Topology
+from .calls import create_call, supported
 from .interruptions import TOPIC, Interruptions
 from .order import IslandScheduler, Submission, make_policy
 from .resources import ResourceManager
@@ -94,7 +95,8 @@ class PathwaysScheduler(SchedulerPlugin):
         self.clients: dict[str, dict[str, Any]] = {}
         self.hosts_changed = asyncio.Condition()
         self.host_failures: dict[str, dict[str, Any]] = {}  # address -> error_message
-        self.output_owners: dict[Any, str] = {}  # output key -> address of the host it owns buffers on
+        #: output key -> (address of the host it owns buffers on, program, output index)
+        self.output_owners: dict[Any, tuple[str, str, int]] = {}
         #: the secret hosts present to each other on the socket transport (sent over Dask comms)
         self.transport_token = secrets.token_bytes(32)
         self.progress = asyncio.Event()  # set whenever the order changed (programs slotted or ended)
@@ -103,6 +105,7 @@ class PathwaysScheduler(SchedulerPlugin):
         for name in HANDLERS:
             scheduler.handlers[name] = getattr(self, name[len("pathdask_"):])
         scheduler.stream_handlers["pathdask-program-done"] = self.program_done
+        scheduler.stream_handlers["pathdask-call"] = self.call
         await scheduler.register_worker_plugin(
             None, dumps(HostRuntime()), name="pathdask", idempotent=False
         )
@@ -247,7 +250,7 @@ class PathwaysScheduler(SchedulerPlugin):
     def register_client(self, client: str, name: str, weight: float = 1.0) -> dict[str, Any]:
         self.clients[client] = {"name": name, "weight": weight}
         self.activity.record.name_client(client, name)
-        return self.info()
+        return {**self.info(), "calls": supported(self.scheduler)}
 
     def remove_client(self, scheduler: Scheduler, client: str) -> None:
         if client not in self.clients:
@@ -288,8 +291,8 @@ class PathwaysScheduler(SchedulerPlugin):
         uses per host, and which host each output key owns buffers on.
         """
         for info in {a["pid"]: a for a in annotations.get("pathdask", {}).values()}.values():
-            for key, addr in info["outputs"]:
-                self.output_owners[_key(key)] = addr
+            for key, addr, j in info["outputs"]:
+                self.output_owners[_key(key)] = (addr, info["pid"], j)
             sub = Submission(info["pid"], client, info["hosts"], info.get("cost", 0.0),
                              frozenset(info.get("deps", ())))
             gone = sorted(set(sub.hosts) - set(self.resources.hosts))
@@ -299,6 +302,29 @@ class PathwaysScheduler(SchedulerPlugin):
                 continue
             weight = self.clients.get(client, {}).get("weight", 1.0)
             self._send_orders(self.order.submit(sub, weight))
+
+    def call(self, client: str, pid: str, hosts: list[Any], inputs: list[Any], program: dict[str, Any]) -> None:
+        """A program call on the client's stream (``client/calls.py``): its tasks are created
+        here, as ``update_graph`` would, and the ``update_graph`` hook slots it.
+
+        It fails as a graph submission does, and more: the client's futures of its keys
+        err, and the program is dropped on its hosts, so that its results raise the error.
+        """
+        try:
+            create_call(self.scheduler, client, pid, hosts, inputs, program)
+        except Exception as e:
+            logger.exception("pathdask: the call of program %s could not be created", pid)
+            err = error_message(e)
+            for _addr, _plan, dkey, _handle, outs in hosts:
+                for key in [dkey, *(k for k, _ in outs)]:
+                    self.scheduler.report({"op": "task-erred", "key": _key(key), "exception": err["exception"],
+                                           "traceback": err["traceback"]}, client=client)
+            reason = f"the call of program {pid} failed in the scheduler: {type(e).__name__}: {e}"
+            cause = to_serialize(DispatchError(reason))
+            if not self._end_program(pid, reason, cause):
+                for addr, *_ in hosts:
+                    self._tell(addr, {"op": "pathdask-drop-programs", "pids": [pid], "reason": reason,
+                                      "cause": cause})
 
     def _drop(self, pids: list[str], hosts: list[str], reason: str, lost: str) -> None:
         """Tell ``hosts`` to fail ``pids`` with DeviceLostError(``reason``); ``lost`` is the gone host."""
@@ -390,11 +416,11 @@ class PathwaysScheduler(SchedulerPlugin):
             return
         if finish != "forgotten":
             return
-        addr = self.output_owners.pop(key, None)
-        if addr is None:
+        owner = self.output_owners.pop(key, None)
+        if owner is None:
             return
-        pid = str(key[0])[len(OUT_PREFIX):]
-        self._tell(addr, {"op": "pathdask-release-outputs", "outputs": [(pid, int(key[1]))]})
+        addr, pid, index = owner
+        self._tell(addr, {"op": "pathdask-release-outputs", "outputs": [(pid, index)]})
 
     def _dispatch_failed(self, key: Any, info: dict[str, Any]) -> None:
         if not (isinstance(key, tuple) and str(key[0]).startswith(DISPATCH_PREFIX)):
@@ -406,14 +432,16 @@ class PathwaysScheduler(SchedulerPlugin):
         self._end_program(pid, f"the dispatch of program {pid} failed on host {info.get('worker')}: {text}",
                           info.get("exception"))
 
-    def _end_program(self, pid: str, reason: str, cause: Any) -> None:
-        """Take ``pid`` out of the order and drop it on every host it uses, with ``cause``."""
+    def _end_program(self, pid: str, reason: str, cause: Any) -> bool:
+        """Take ``pid`` out of the order and drop it on every host it uses, with ``cause``;
+        ``False`` if the order does not hold it (it ended already, or never came)."""
         sub = self.order.fail(pid)
         if sub is None:
-            return  # ended already
+            return False
         logger.info("pathdask: %s; dropping it on %s", reason, sorted(sub.hosts))
         for addr in sub.hosts:
             self._tell(addr, {"op": "pathdask-drop-programs", "pids": [pid], "reason": reason, "cause": cause})
+        return True
 
     def _stranded(self, worker: str) -> list[str]:
         """Programs whose dispatch task for ``worker`` had not run when Dask began to remove it:
