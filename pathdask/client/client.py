@@ -24,6 +24,7 @@ from ..mesh import Mesh, check_shape
 from ..ops import PLANS_PER_CLIENT, GangSpec, HostPlan, OutSpec, PutOp
 from ..sharding import Sharding
 from ..spec import PartitionSpec
+from ..streams import tighten
 from ..topology import DeviceId, DeviceInfo, Topology
 from .array import ShardedArray
 from .calls import build_call
@@ -82,6 +83,7 @@ class Client:
         self.topology = Topology.from_dict(info["topology"])
         #: the scheduler creates the tasks of calls itself (``calls.py``); else calls submit graphs
         self._calls = bool(info.get("calls"))
+        tighten(self.dask.scheduler_comm)  # calls travel on it
 
     @property
     def id(self) -> str:

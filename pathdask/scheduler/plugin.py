@@ -23,6 +23,7 @@ from distributed.protocol.pickle import dumps
 
 from ..errors import DeviceLostError, DispatchError
 from ..ops import DISPATCH_PREFIX
+from ..streams import tighten
 from ..topology import Topology
 from .calls import create_call, supported
 from .interruptions import TOPIC, Interruptions
@@ -147,6 +148,7 @@ class PathwaysScheduler(SchedulerPlugin):
     # -- hosts ---------------------------------------------------------------
     async def register_host(self, address: str, requested: int | None = None) -> dict[str, Any]:
         rec = self.resources.add_host(address, requested)
+        tighten(self.scheduler.stream_comms.get(address))  # orders and dispatches travel on it
         self._tell_all({"op": "pathdask-host-joined", "host": address}, but=address)
         await self._hosts_changed()
         logger.info("pathdask: %s is island %d host %d", address, rec.island, rec.host)
