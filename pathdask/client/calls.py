@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ops import DISPATCH_PREFIX, HostPlan
+from ..ops import HostPlan, dispatch_key
 from .lowering import _annotation, _output_keys
 
 __all__ = ["CALL_OP", "build_call"]
@@ -41,7 +41,7 @@ def build_call(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, in
     keys: list[Any] = []
     for h, (addr, plan) in enumerate(plans.items()):
         assert plan.id, "a call names plans its hosts hold"
-        dkey = (f"{DISPATCH_PREFIX}{pid}", h)
+        dkey = dispatch_key(pid, h)
         # The dispatch task's key is also the key of the first output held here: one task
         # fewer per host for Dask to send, run, report and release.
         owned = list(plan.owned)

@@ -22,7 +22,7 @@ from distributed.protocol import Serialized, deserialize, to_serialize
 from distributed.protocol.pickle import dumps
 
 from ..errors import DeviceLostError, DispatchError
-from ..ops import DISPATCH_PREFIX
+from ..ops import dispatched_program
 from ..streams import tighten
 from ..topology import Topology
 from .calls import create_call, supported
@@ -425,11 +425,11 @@ class PathwaysScheduler(SchedulerPlugin):
         self._tell(addr, {"op": "pathdask-release-outputs", "outputs": [(pid, index)]})
 
     def _dispatch_failed(self, key: Any, info: dict[str, Any]) -> None:
-        if not (isinstance(key, tuple) and str(key[0]).startswith(DISPATCH_PREFIX)):
+        pid = dispatched_program(key)
+        if pid is None:
             return
         if info.get("cause") not in (None, key):
             return  # erred because a dependency did; only the failing task itself ends the program
-        pid = str(key[0])[len(DISPATCH_PREFIX):]
         text = info.get("exception_text") or "unknown error"
         self._end_program(pid, f"the dispatch of program {pid} failed on host {info.get('worker')}: {text}",
                           info.get("exception"))
@@ -448,8 +448,8 @@ class PathwaysScheduler(SchedulerPlugin):
     def _stranded(self, worker: str) -> list[str]:
         """Programs whose dispatch task for ``worker`` had not run when Dask began to remove it:
         Dask took the task off it, so they can never end there."""
-        return [str(ts.key[0])[len(DISPATCH_PREFIX):] for ts in self.scheduler.tasks.values()
-                if isinstance(ts.key, tuple) and str(ts.key[0]).startswith(DISPATCH_PREFIX)
+        return [pid for ts in self.scheduler.tasks.values()
+                if (pid := dispatched_program(ts.key)) is not None
                 and ts.state != "memory" and worker in (ts.worker_restrictions or ())]
 
     # -- observation -------------------------------------------------------------
