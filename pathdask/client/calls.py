@@ -11,10 +11,12 @@ the message carries only what changes from call to call:
   further output held there;
 - what the island scheduler needs to slot it (its devices, cost and producers).
 
-It travels on the Dask client's own batched stream, so it stays in order with
-the client's other messages (the releases of keys, graphs of sequential
-dispatch), and the scheduler handles it in the same event-loop tick as it
-creates the keys: no graph is pickled, materialised or ordered.
+Calls made close together (before the client's event loop sends the first)
+travel as one message, and the scheduler creates all their tasks in one step.
+The message goes on the Dask client's own batched stream, so it stays in order
+with the client's graphs (sequential dispatch flushes waiting calls first) and
+comes before the releases of the keys it creates; the scheduler handles it in
+one event-loop tick: no graph is pickled, materialised or ordered.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ CALL_OP = "pathdask-call"
 
 def build_call(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, int], ...]
                ) -> tuple[dict[str, Any], list[Any], dict[int, dict[str, Any]]]:
-    """The call message, every key it creates, and the output keys per output and host.
+    """The call (one entry of a :data:`CALL_OP` message's ``calls``), every key it creates,
+    and the output keys per output and host.
 
     Every plan must be cached on its host already (it has an id).
     """
@@ -51,6 +54,6 @@ def build_call(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, in
         outs = [(out_keys[j][addr], j) for j in owned]
         hosts.append((addr, plan.id, dkey, handle, outs))
         keys += [dkey, *(k for k, _ in outs)]
-    msg = {"op": CALL_OP, "pid": pid, "hosts": hosts, "inputs": [list(i) for i in inputs],
-           "program": _annotation(pid, plans, out_keys, inputs)}
-    return msg, keys, out_keys
+    call = {"pid": pid, "hosts": hosts, "inputs": [list(i) for i in inputs],
+            "program": _annotation(pid, plans, out_keys, inputs)}
+    return call, keys, out_keys

@@ -27,7 +27,7 @@ from ..spec import PartitionSpec
 from ..streams import tighten
 from ..topology import DeviceId, DeviceInfo, Topology
 from .array import ShardedArray
-from .calls import build_call
+from .calls import CALL_OP, build_call
 from .lowering import build_graph, build_sequential_graph, lower
 from .program import Program
 
@@ -71,6 +71,7 @@ class Client:
         self._lock = threading.Lock()
         self._sending_plans = threading.Lock()  # one plan upload at a time; cached calls skip it
         self._closed = False
+        self._waiting_calls: list[dict[str, Any]] = []  # guarded by ``_lock``: calls not sent yet
         info = self.dask.sync(
             self.dask.scheduler.pathdask_register_client, client=self.dask.id, name=name, weight=weight
         )
@@ -327,8 +328,8 @@ class Client:
         else:
             self._send_plans(plans)
             if self._calls and all(p.id for p in plans.values()):
-                msg, keys, out_keys = build_call(pid, plans, inputs)
-                futures = self._send_call(msg, keys)
+                call, keys, out_keys = build_call(pid, plans, inputs)
+                futures = self._send_call(call, keys)
                 by_key = dict(zip(keys, futures))
                 self._hold(pid, futures, keepalive)
                 return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
@@ -339,17 +340,36 @@ class Client:
         self._hold(pid, futures, keepalive)
         return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
 
-    def _send_call(self, msg: dict[str, Any], keys: list[Any]) -> list[Future]:
+    def _send_call(self, call: dict[str, Any], keys: list[Any]) -> list[Future]:
         """Send a call on the Dask client's stream; returns the futures of its keys.
 
-        As ``distributed.Client`` does for a graph: the futures exist before the message
-        goes, so that the scheduler's reports on their keys find them.
+        As ``distributed.Client`` does for a graph, the futures exist before the call
+        goes, so that the scheduler's reports on their keys find them. Calls made before
+        the event loop sends the first go with it, as one message.
         """
         dc = self.dask
         with dc._refcount_lock:
             futures: list[Future] = [Future(k, dc) for k in keys]
-            dc._send_to_scheduler(msg)
+            with self._lock:
+                self._waiting_calls.append(call)
+                first = len(self._waiting_calls) == 1
+            if first:
+                # Queued as Dask queues each message it sends: before anything sent after this
+                # call (a graph, the release of one of these keys), which the flush thus precedes.
+                assert dc.loop is not None
+                dc.loop.add_callback(self._flush_calls)
         return futures
+
+    def _flush_calls(self) -> None:
+        """Put the calls not sent yet on the Dask client's stream, as one message (event loop).
+
+        Straight onto the stream, as Dask's own queued messages go
+        (``_send_to_scheduler_safe``): queuing it again would let it fall behind them.
+        """
+        with self._lock:
+            calls, self._waiting_calls = self._waiting_calls, []
+        if calls:
+            self.dask._send_to_scheduler_safe({"op": CALL_OP, "calls": calls})
 
     def _unsent(self, plans: dict[str, HostPlan]) -> dict[str, HostPlan]:
         """The cached plans (by host) that their host does not hold yet; marks the others used."""

@@ -25,7 +25,7 @@ from ..errors import DeviceLostError, DispatchError
 from ..ops import dispatched_program
 from ..streams import tighten
 from ..topology import Topology
-from .calls import create_call, supported
+from .calls import call_keys, create_calls, supported
 from .interruptions import TOPIC, Interruptions
 from .order import IslandScheduler, Submission, make_policy
 from .resources import ResourceManager
@@ -293,40 +293,45 @@ class PathwaysScheduler(SchedulerPlugin):
         uses per host, and which host each output key owns buffers on.
         """
         for info in {a["pid"]: a for a in annotations.get("pathdask", {}).values()}.values():
-            for key, addr, j in info["outputs"]:
-                self.output_owners[_key(key)] = (addr, info["pid"], j)
-            sub = Submission(info["pid"], client, info["hosts"], info.get("cost", 0.0),
-                             frozenset(info.get("deps", ())))
-            gone = sorted(set(sub.hosts) - set(self.resources.hosts))
-            if gone:  # planned for a host that has left since: it fails at once, on every live host
-                self._drop([sub.pid], [a for a in sub.hosts if a not in gone],
-                           f"host(s) {gone} left the cluster before this program was slotted", gone[0])
-                continue
-            weight = self.clients.get(client, {}).get("weight", 1.0)
-            self._send_orders(self.order.submit(sub, weight))
+            self._submit(client, info)
 
-    def call(self, client: str, pid: str, hosts: list[Any], inputs: list[Any], program: dict[str, Any]) -> None:
-        """A program call on the client's stream (``client/calls.py``): its tasks are created
-        here, as ``update_graph`` would, and the ``update_graph`` hook slots it.
+    def _submit(self, client: str, info: dict[str, Any]) -> None:
+        """Slot a program from its ``pathdask`` annotation (``lowering._annotation``)."""
+        for key, addr, j in info["outputs"]:
+            self.output_owners[_key(key)] = (addr, info["pid"], j)
+        sub = Submission(info["pid"], client, info["hosts"], info.get("cost", 0.0),
+                         frozenset(info.get("deps", ())))
+        gone = sorted(set(sub.hosts) - set(self.resources.hosts))
+        if gone:  # planned for a host that has left since: it fails at once, on every live host
+            self._drop([sub.pid], [a for a in sub.hosts if a not in gone],
+                       f"host(s) {gone} left the cluster before this program was slotted", gone[0])
+            return
+        weight = self.clients.get(client, {}).get("weight", 1.0)
+        self._send_orders(self.order.submit(sub, weight))
 
-        It fails as a graph submission does, and more: the client's futures of its keys
-        err, and the program is dropped on its hosts, so that its results raise the error.
+    def call(self, client: str, calls: list[dict[str, Any]]) -> None:
+        """Program calls on the client's stream (``client/calls.py``), in the order they were
+        made: each is slotted, then all their tasks are created, as ``update_graph`` would.
+
+        They fail as a graph submission does, and more: the client's futures of their keys
+        err, and the programs are dropped on their hosts, so that their results raise the error.
         """
         try:
-            create_call(self.scheduler, client, pid, hosts, inputs, program)
+            create_calls(self.scheduler, client, calls, lambda info: self._submit(client, info))
         except Exception as e:
-            logger.exception("pathdask: the call of program %s could not be created", pid)
+            logger.exception("pathdask: %d program call(s) could not be created", len(calls))
             err = error_message(e)
-            for _addr, _plan, dkey, _handle, outs in hosts:
-                for key in [dkey, *(k for k, _ in outs)]:
-                    self.scheduler.report({"op": "task-erred", "key": _key(key), "exception": err["exception"],
+            for call in calls:
+                for key in call_keys(call):
+                    self.scheduler.report({"op": "task-erred", "key": key, "exception": err["exception"],
                                            "traceback": err["traceback"]}, client=client)
-            reason = f"the call of program {pid} failed in the scheduler: {type(e).__name__}: {e}"
-            cause = to_serialize(DispatchError(reason))
-            if not self._end_program(pid, reason, cause):
-                for addr, *_ in hosts:
-                    self._tell(addr, {"op": "pathdask-drop-programs", "pids": [pid], "reason": reason,
-                                      "cause": cause})
+                pid = call["pid"]
+                reason = f"the call of program {pid} failed in the scheduler: {type(e).__name__}: {e}"
+                cause = to_serialize(DispatchError(reason))
+                if not self._end_program(pid, reason, cause):
+                    for addr, *_ in call["hosts"]:
+                        self._tell(addr, {"op": "pathdask-drop-programs", "pids": [pid], "reason": reason,
+                                          "cause": cause})
 
     def _drop(self, pids: list[str], hosts: list[str], reason: str, lost: str) -> None:
         """Tell ``hosts`` to fail ``pids`` with DeviceLostError(``reason``); ``lost`` is the gone host."""
