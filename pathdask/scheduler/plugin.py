@@ -323,6 +323,7 @@ class PathwaysScheduler(SchedulerPlugin):
             err = error_message(e)
             for call in calls:
                 for key in call_keys(call):
+                    self.output_owners.pop(key, None)  # the key never came to be
                     self.scheduler.report({"op": "task-erred", "key": key, "exception": err["exception"],
                                            "traceback": err["traceback"]}, client=client)
                 pid = call["pid"]
