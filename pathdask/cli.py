@@ -103,17 +103,39 @@ def bench() -> None:
 @click.option("--ray/--no-ray", default=True, show_default=True, help="Include Ray where it is installed.")
 @click.option("--processes/--threads", default=True, show_default=True,
               help="One worker process per host, or all hosts in this process.")
+@click.option("--hosts", default=None, metavar="N,N,...",
+              help="Instead: for each number of hosts (e.g. 2,4,8,16; threads mode, one device per "
+                   "host), the smallest computation at which pathdask reaches 95% of the multi-controller.")
 def bench_dispatch(small: bool, out: str, topology: str | None, repeats: int | None, ray: bool,
-                   processes: bool) -> None:
+                   processes: bool, hosts: str | None) -> None:
     """Figures 5-7: dispatch throughput of pathdask, plain Dask and a multi-controller."""
     from .bench.dispatch import Config, run
     from .topology import Topology
 
+    if hosts is not None:
+        from .bench import hosts as scaling
+
+        counts = _host_counts(hosts)
+        hcfg = scaling.Config.small(counts) if small else scaling.Config(hosts=counts)
+        if repeats:
+            hcfg.repeats = repeats
+        scaling.run(hcfg, out=out, echo=click.echo)
+        return
     cfg = Config.small() if small else Config()
     if repeats:
         cfg.repeats = repeats
     cfg.ray = cfg.ray and ray
     run(cfg, Topology.load(topology) if topology else None, out=out, echo=click.echo, processes=processes)
+
+
+def _host_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(n) for n in text.split(",") if n.strip())
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise click.BadParameter(f"expected host counts such as 2,4,8,16; got {text!r}", param_hint="--hosts")
+    return counts
 
 
 @bench.command("tenancy")

@@ -9,7 +9,7 @@ from typing import Any
 
 from .errors import DispatchError
 
-__all__ = ["fail_next_dispatch"]
+__all__ = ["fail_next_call", "fail_next_dispatch"]
 
 
 def fail_next_dispatch(dask_worker: Any) -> None:
@@ -22,3 +22,13 @@ def fail_next_dispatch(dask_worker: Any) -> None:
         raise DispatchError(f"injected fault: the dispatch on host {rt.address} failed")
 
     rt.dispatch = failing
+
+
+def fail_next_call(dask_scheduler: Any) -> None:
+    """The scheduler fails to create the next program calls it receives (run it with
+    ``client.dask.run_on_scheduler``); their programs must still end, with a typed error."""
+    def failing(**kwargs: Any) -> Any:
+        del dask_scheduler._create_taskstate_from_graph  # the next ones go through again
+        raise RuntimeError("injected fault: the scheduler could not create the call's tasks")
+
+    dask_scheduler._create_taskstate_from_graph = failing

@@ -19,10 +19,31 @@ from .topology import DeviceInfo
 
 __all__ = ["BufferKey", "Ref", "OutSpec", "KernelOp", "ReshardOp", "PutOp", "LoadOp", "GangSpec", "HostPlan"]
 
-#: Dask key prefixes of a program's tasks: one dispatch task per host, one output task
-#: per (output, host) whose key owns that output's buffers on that host.
-DISPATCH_PREFIX = "pathdask-dispatch-"
-OUT_PREFIX = "pathdask-out-"
+#: The Dask keys of a program's tasks are tuples ``(kind, program id, ...)`` (``*_key`` below):
+#: one dispatch task per host, one output task per (output, host) whose key owns that
+#: output's buffers on that host. Their first element, which names Dask's task group,
+#: is the same for every program, so that a stream of calls does not pile up task groups.
+DISPATCH = "pathdask-dispatch"
+OUTPUT = "pathdask-out"
+GANG = "pathdask-gang"  # sequential dispatch: one task per gang and device
+
+
+def dispatch_key(pid: str, host: int) -> tuple[str, str, int]:
+    return (DISPATCH, pid, host)
+
+
+def output_key(pid: str, index: int, host: int) -> tuple[str, str, int, int]:
+    return (OUTPUT, pid, index, host)
+
+
+def gang_key(pid: str, gang: int, device: int) -> tuple[str, str, int, int]:
+    return (GANG, pid, gang, device)
+
+
+def dispatched_program(key: Any) -> str | None:
+    """The program whose dispatch task ``key`` is, if it is one."""
+    return str(key[1]) if isinstance(key, tuple) and len(key) == 3 and key[0] == DISPATCH else None
+
 #: Plans a host keeps per client, least recently used first out (``worker/plans.py``).
 #: Clients remember half as many per host as sent, so that a call never names a
 #: plan its host evicted, even when Dask reorders calls a little.

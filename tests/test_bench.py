@@ -34,6 +34,25 @@ def test_bench_dispatch_small(tmp_path):
 
 
 @pytest.mark.slow
+def test_bench_dispatch_hosts_small(tmp_path):
+    from click.testing import CliRunner
+
+    from pathdask.cli import main
+
+    out = CliRunner().invoke(main, ["bench", "dispatch", "--hosts", "2,3", "--small", "--out", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    assert "95% at" in out.output
+    data = json.loads((tmp_path / "dispatch-hosts.json").read_text())
+    assert set(data["hosts"]) == {"2", "3"}
+    for result in data["hosts"].values():
+        assert set(result["reaches_95pct_of_multicontroller_at_s"]) == {"OpByOp", "Chained"}
+        rates = result["rates"]["pathdask OpByOp"]
+        assert rates and all(r > 0 for r in rates.values())
+    bad = CliRunner().invoke(main, ["bench", "dispatch", "--hosts", "two"])
+    assert bad.exit_code != 0 and "host counts" in bad.output
+
+
+@pytest.mark.slow
 def test_bench_tenancy_small(tmp_path):
     from pathdask.bench import tenancy
 

@@ -15,9 +15,10 @@ from distributed import SchedulerPlugin
 
 import pathdask as pw
 from pathdask import P
+from pathdask.client.calls import build_call
 from pathdask.client.graph import layered_graph
-from pathdask.client.lowering import build_graph, fuse, lower
-from pathdask.ops import DISPATCH_PREFIX, KernelOp, ReshardOp
+from pathdask.client.lowering import fuse, lower
+from pathdask.ops import KernelOp, ReshardOp, dispatched_program
 
 COST = 1e-4
 
@@ -116,9 +117,9 @@ def test_submitted_graph_is_the_fusion_of_the_layered_graph(system, client, mesh
         received = client.dask.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["graph-log"].graphs)
     finally:
         client.dask.unregister_scheduler_plugin("graph-log")
-    fused, keys, _ = build_graph(y._pid, plans, (x.key,), client.id)
-    assert received == [sorted(map(str, keys))]  # exactly the fused graph was submitted
-    dispatch = [k for k in keys if str(k[0]).startswith(DISPATCH_PREFIX)]
+    _, keys, _ = build_call(y._pid, plans, (x.key,))
+    assert received == [sorted(map(str, keys))]  # exactly the fused program's tasks were created
+    dispatch = [k for k in keys if dispatched_program(k) == y._pid]
     assert len(dispatch) == len(hosts)  # one dispatch task per host, however many gangs and shards
     del y, total, x
 

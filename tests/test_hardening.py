@@ -17,7 +17,7 @@ import pytest
 
 import pathdask as pw
 from pathdask import P
-from pathdask.faults import fail_next_dispatch
+from pathdask.faults import fail_next_call, fail_next_dispatch
 
 from .conftest import SMALL, assert_clean
 
@@ -75,6 +75,22 @@ def test_dispatch_failing_on_one_host_ends_the_program_on_every_host(fsystem):
         # the devices moved on: the next program runs
         np.testing.assert_array_equal(plus_sum(x).result(timeout=30), np.full(4, 5.0))
         del x
+    assert_clean(fsystem)
+
+
+def test_a_call_the_scheduler_cannot_create_ends_with_a_typed_error(fsystem):
+    with fsystem.client(name="uncreated") as client:
+        mesh = _two_host_mesh(client)
+        x = client.put(np.ones(4), mesh, P("x"))
+        np.testing.assert_array_equal(plus_sum(x).result(timeout=30), np.full(4, 5.0))
+        client.dask.run_on_scheduler(fail_next_call)
+        start = time.monotonic()
+        y = plus_sum(x)
+        with pytest.raises(pw.DispatchError, match="injected fault: the scheduler could not create"):
+            y.result(timeout=30)
+        assert time.monotonic() - start < ENDS_WITHIN
+        np.testing.assert_array_equal(plus_sum(x).result(timeout=30), np.full(4, 5.0))
+        del x, y
     assert_clean(fsystem)
 
 

@@ -19,7 +19,7 @@ def test_every_handler_is_installed(system, client):
                                 sorted(dask_scheduler.plugins)))
     handlers, stream_ops, plugins = on_scheduler
     assert set(handlers) == set(HANDLERS)
-    assert stream_ops == ["pathdask-program-done"]
+    assert stream_ops == ["pathdask-call", "pathdask-program-done"]
     assert "pathdask" in plugins
     per_worker = client.dask.run(
         lambda dask_worker: (sorted(h for h in dask_worker.handlers if h.startswith("pathdask_")),

@@ -13,11 +13,12 @@ from .conftest import SMALL, assert_clean
 
 
 @pytest.mark.parametrize("chunk", ["8MiB", "1000B"])
-@pytest.mark.parametrize("transport", ["socket", "dask"])
-def test_transports(transport, chunk):
+@pytest.mark.parametrize(("transport", "in_process"), [("socket", False), ("dask", False), ("socket", True)])
+def test_transports(transport, in_process, chunk):
     """With a tiny ``pathdask.transfer-chunk``, every piece between hosts streams in chunks, and
     a strided piece (a column slice) is cut inside its rows."""
-    with dask.config.set({"pathdask.transport": transport, "pathdask.transfer-chunk": chunk}), \
+    with dask.config.set({"pathdask.transport": transport, "pathdask.transfer-chunk": chunk,
+                          "pathdask.in-process-peers": in_process}), \
             pw.LocalSystem(SMALL, processes=False, dashboard_address=None) as system:
         with system.client(name=transport) as client:
             m0, m1 = client.mesh({"x": 4}, island=0), client.mesh({"x": 4}, island=1)

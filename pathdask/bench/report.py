@@ -79,7 +79,8 @@ def save_plots(path: str, title: str, curves: list[dict[str, Any]],
             if pts:
                 fig.line([p[0] for p in pts], [p[1] for p in pts], legend_label=name, color=color, line_width=2)
                 fig.scatter([p[0] for p in pts], [p[1] for p in pts], color=color, size=6)
-        fig.legend.location = "top_left"
+        if fig.renderers:  # a plot with no points has no legend to place
+            fig.legend.location = "top_left"
         figs.append(fig)
     if timeline:
         t0 = min(s for spans in timeline.values() for s, *_ in spans) if any(timeline.values()) else 0.0

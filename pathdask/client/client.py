@@ -14,6 +14,7 @@ import dask
 import numpy as np
 from dask.utils import parse_bytes, parse_timedelta
 from distributed import Client as DaskClient
+from distributed import Future
 from distributed.protocol import to_serialize
 
 from ..diagnosis import Diagnosis
@@ -23,8 +24,10 @@ from ..mesh import Mesh, check_shape
 from ..ops import PLANS_PER_CLIENT, GangSpec, HostPlan, OutSpec, PutOp
 from ..sharding import Sharding
 from ..spec import PartitionSpec
+from ..streams import tighten
 from ..topology import DeviceId, DeviceInfo, Topology
 from .array import ShardedArray
+from .calls import CALL_OP, build_call
 from .lowering import build_graph, build_sequential_graph, lower
 from .program import Program
 
@@ -68,6 +71,7 @@ class Client:
         self._lock = threading.Lock()
         self._sending_plans = threading.Lock()  # one plan upload at a time; cached calls skip it
         self._closed = False
+        self._waiting_calls: list[dict[str, Any]] = []  # guarded by ``_lock``: calls not sent yet
         info = self.dask.sync(
             self.dask.scheduler.pathdask_register_client, client=self.dask.id, name=name, weight=weight
         )
@@ -78,6 +82,9 @@ class Client:
                 "it with pathdask.LocalSystem, or with `dask scheduler --preload pathdask.preload`"
             )
         self.topology = Topology.from_dict(info["topology"])
+        #: the scheduler creates the tasks of calls itself (``calls.py``); else calls submit graphs
+        self._calls = bool(info.get("calls"))
+        tighten(self.dask.scheduler_comm)  # calls travel on it
 
     @property
     def id(self) -> str:
@@ -329,12 +336,49 @@ class Client:
             graph, keys, out_keys = build_sequential_graph(pid, program, plans, inputs, self.id, arg_keys)
         else:
             self._send_plans(plans)
+            if self._calls and all(p.id for p in plans.values()):
+                call, keys, out_keys = build_call(pid, plans, inputs)
+                futures = self._send_call(call, keys)
+                by_key = dict(zip(keys, futures))
+                self._hold(pid, futures, keepalive)
+                return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
             payloads: dict[str, HostPlan | str] = {a: p.id for a, p in plans.items() if p.id}
             graph, keys, out_keys = build_graph(pid, plans, inputs, self.id, payloads)
         futures = self.dask.get(graph, keys, sync=False)
         by_key = dict(zip(keys, futures))
         self._hold(pid, futures, keepalive)
         return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
+
+    def _send_call(self, call: dict[str, Any], keys: list[Any]) -> list[Future]:
+        """Send a call on the Dask client's stream; returns the futures of its keys.
+
+        As ``distributed.Client`` does for a graph, the futures exist before the call
+        goes, so that the scheduler's reports on their keys find them. Calls made before
+        the event loop sends the first go with it, as one message.
+        """
+        dc = self.dask
+        with dc._refcount_lock:
+            futures: list[Future] = [Future(k, dc) for k in keys]
+            with self._lock:
+                self._waiting_calls.append(call)
+                first = len(self._waiting_calls) == 1
+            if first:
+                # Queued as Dask queues each message it sends: before anything sent after this
+                # call (a graph, the release of one of these keys), which the flush thus precedes.
+                assert dc.loop is not None
+                dc.loop.add_callback(self._flush_calls)
+        return futures
+
+    def _flush_calls(self) -> None:
+        """Put the calls not sent yet on the Dask client's stream, as one message (event loop).
+
+        Straight onto the stream, as Dask's own queued messages go
+        (``_send_to_scheduler_safe``): queuing it again would let it fall behind them.
+        """
+        with self._lock:
+            calls, self._waiting_calls = self._waiting_calls, []
+        if calls:
+            self.dask._send_to_scheduler_safe({"op": CALL_OP, "calls": calls})
 
     def _unsent(self, plans: dict[str, HostPlan]) -> dict[str, HostPlan]:
         """The cached plans (by host) that their host does not hold yet; marks the others used."""

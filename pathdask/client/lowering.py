@@ -26,7 +26,7 @@ from typing import Any
 from dask._task_spec import Task, TaskRef
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from ..ops import DISPATCH_PREFIX, OUT_PREFIX, GangSpec, HostPlan, KernelOp, Op, ReshardOp
+from ..ops import GangSpec, HostPlan, KernelOp, Op, ReshardOp, dispatch_key, gang_key, output_key
 from .graph import GangShard, ProgramGraph, layered_graph
 from .program import Program
 
@@ -126,7 +126,7 @@ def _output_keys(pid: str, plans: dict[str, HostPlan]) -> dict[int, dict[str, An
     out: dict[int, dict[str, Any]] = defaultdict(dict)
     for h, (addr, plan) in enumerate(plans.items()):
         for j in plan.owned:
-            out[j][addr] = (f"{OUT_PREFIX}{pid}", j, h)
+            out[j][addr] = output_key(pid, j, h)
     return out
 
 
@@ -142,7 +142,7 @@ def _annotation(pid: str, plans: dict[str, HostPlan], out_keys: dict[int, dict[s
     return {
         "pid": pid,
         "hosts": {addr: list(plan.ops) for addr, plan in plans.items()},
-        "outputs": [(key, addr) for hosts in out_keys.values() for addr, key in hosts.items()],
+        "outputs": [(key, addr, j) for j, hosts in out_keys.items() for addr, key in hosts.items()],
         "cost": cost,
         "deps": sorted({producer for producer, _ in inputs}),
     }
@@ -163,7 +163,7 @@ def build_graph(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, i
     layers: dict[str, MaterializedLayer] = {}
     keys: list[Any] = []
     for h, (addr, plan) in enumerate(plans.items()):
-        dkey = (f"{DISPATCH_PREFIX}{pid}", h)
+        dkey = dispatch_key(pid, h)
         tasks: dict[Any, Task] = {dkey: Task(dkey, dispatch_task, pid, payloads.get(addr, plan), inputs, client)}
         for j in plan.owned:
             okey = out_keys[j][addr]
@@ -194,7 +194,7 @@ def build_sequential_graph(pid: str, program: Program, plans: dict[str, HostPlan
     register = {}
     for addr, plan in plans.items():
         h = hosts[addr]
-        register[addr] = (f"{DISPATCH_PREFIX}{pid}", h)
+        register[addr] = dispatch_key(pid, h)
         name = f"pathdask-{pid}-register-{h}"
         task = Task(register[addr], dispatch_task, pid, plan, inputs, client, True)
         layers[name] = _pinned({register[addr]: task}, addr,
@@ -213,7 +213,7 @@ def build_sequential_graph(pid: str, program: Program, plans: dict[str, HostPlan
         for addr, plan in plans.items():
             for dev, ops in plan.ops.items():
                 if any(op.gang == g.index for op in ops):
-                    key = (f"pathdask-gang-{pid}", g.index, dev)
+                    key = gang_key(pid, g.index, dev)
                     by_host[addr][key] = Task(key, run_gang_task, TaskRef(register[addr]), pid, g.index, dev,
                                               *[TaskRef(k) for k in upstream])
                     gang_keys[g.index].append(key)
@@ -231,7 +231,7 @@ def build_sequential_graph(pid: str, program: Program, plans: dict[str, HostPlan
             last = producer[program.outputs[j]]
             okey = out_keys[j][addr]
             name = f"pathdask-{pid}-out{j}-{h}"
-            mine = [k for k in gang_keys[last] if k[2] in plan.ops]
+            mine = [k for k in gang_keys[last] if k[3] in plan.ops]
             layers[name] = _pinned({okey: Task(okey, output_task, TaskRef(register[addr]), j,
                                                *[TaskRef(k) for k in mine])}, addr)
             deps[name] = {f"pathdask-{pid}-register-{h}", f"pathdask-{pid}-gang{last}-{h}"}

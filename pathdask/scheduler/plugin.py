@@ -21,9 +21,11 @@ from distributed.core import clean_exception, error_message
 from distributed.protocol import Serialized, deserialize, to_serialize
 from distributed.protocol.pickle import dumps
 
-from ..errors import DeviceLostError
-from ..ops import DISPATCH_PREFIX, OUT_PREFIX
+from ..errors import DeviceLostError, DispatchError
+from ..ops import dispatched_program
+from ..streams import tighten
 from ..topology import Topology
+from .calls import call_keys, create_calls, supported
 from .interruptions import TOPIC, Interruptions
 from .order import IslandScheduler, Submission, make_policy
 from .resources import ResourceManager
@@ -95,7 +97,8 @@ class PathwaysScheduler(SchedulerPlugin):
         self.clients: dict[str, dict[str, Any]] = {}
         self.hosts_changed = asyncio.Condition()
         self.host_failures: dict[str, dict[str, Any]] = {}  # address -> error_message
-        self.output_owners: dict[Any, str] = {}  # output key -> address of the host it owns buffers on
+        #: output key -> (address of the host it owns buffers on, program, output index)
+        self.output_owners: dict[Any, tuple[str, str, int]] = {}
         #: the secret hosts present to each other on the socket transport (sent over Dask comms)
         self.transport_token = secrets.token_bytes(32)
         self.progress = asyncio.Event()  # set whenever the order changed (programs slotted or ended)
@@ -104,6 +107,7 @@ class PathwaysScheduler(SchedulerPlugin):
         for name in HANDLERS:
             scheduler.handlers[name] = getattr(self, name[len("pathdask_"):])
         scheduler.stream_handlers["pathdask-program-done"] = self.program_done
+        scheduler.stream_handlers["pathdask-call"] = self.call
         await scheduler.register_worker_plugin(
             None, dumps(HostRuntime()), name="pathdask", idempotent=False
         )
@@ -145,6 +149,7 @@ class PathwaysScheduler(SchedulerPlugin):
     # -- hosts ---------------------------------------------------------------
     async def register_host(self, address: str, requested: int | None = None) -> dict[str, Any]:
         rec = self.resources.add_host(address, requested)
+        tighten(self.scheduler.stream_comms.get(address))  # orders and dispatches travel on it
         self._tell_all({"op": "pathdask-host-joined", "host": address}, but=address)
         await self._hosts_changed()
         logger.info("pathdask: %s is island %d host %d", address, rec.island, rec.host)
@@ -248,7 +253,7 @@ class PathwaysScheduler(SchedulerPlugin):
     def register_client(self, client: str, name: str, weight: float = 1.0) -> dict[str, Any]:
         self.clients[client] = {"name": name, "weight": weight}
         self.activity.record.name_client(client, name)
-        return self.info()
+        return {**self.info(), "calls": supported(self.scheduler)}
 
     def remove_client(self, scheduler: Scheduler, client: str) -> None:
         if client not in self.clients:
@@ -289,17 +294,46 @@ class PathwaysScheduler(SchedulerPlugin):
         uses per host, and which host each output key owns buffers on.
         """
         for info in {a["pid"]: a for a in annotations.get("pathdask", {}).values()}.values():
-            for key, addr in info["outputs"]:
-                self.output_owners[_key(key)] = addr
-            sub = Submission(info["pid"], client, info["hosts"], info.get("cost", 0.0),
-                             frozenset(info.get("deps", ())))
-            gone = sorted(set(sub.hosts) - set(self.resources.hosts))
-            if gone:  # planned for a host that has left since: it fails at once, on every live host
-                self._drop([sub.pid], [a for a in sub.hosts if a not in gone],
-                           f"host(s) {gone} left the cluster before this program was slotted", gone[0])
-                continue
-            weight = self.clients.get(client, {}).get("weight", 1.0)
-            self._send_orders(self.order.submit(sub, weight))
+            self._submit(client, info)
+
+    def _submit(self, client: str, info: dict[str, Any]) -> None:
+        """Slot a program from its ``pathdask`` annotation (``lowering._annotation``)."""
+        for key, addr, j in info["outputs"]:
+            self.output_owners[_key(key)] = (addr, info["pid"], j)
+        sub = Submission(info["pid"], client, info["hosts"], info.get("cost", 0.0),
+                         frozenset(info.get("deps", ())))
+        gone = sorted(set(sub.hosts) - set(self.resources.hosts))
+        if gone:  # planned for a host that has left since: it fails at once, on every live host
+            self._drop([sub.pid], [a for a in sub.hosts if a not in gone],
+                       f"host(s) {gone} left the cluster before this program was slotted", gone[0])
+            return
+        weight = self.clients.get(client, {}).get("weight", 1.0)
+        self._send_orders(self.order.submit(sub, weight))
+
+    def call(self, client: str, calls: list[dict[str, Any]]) -> None:
+        """Program calls on the client's stream (``client/calls.py``), in the order they were
+        made: each is slotted, then all their tasks are created, as ``update_graph`` would.
+
+        They fail as a graph submission does, and more: the client's futures of their keys
+        err, and the programs are dropped on their hosts, so that their results raise the error.
+        """
+        try:
+            create_calls(self.scheduler, client, calls, lambda info: self._submit(client, info))
+        except Exception as e:
+            logger.exception("pathdask: %d program call(s) could not be created", len(calls))
+            err = error_message(e)
+            for call in calls:
+                for key in call_keys(call):
+                    self.output_owners.pop(key, None)  # the key never came to be
+                    self.scheduler.report({"op": "task-erred", "key": key, "exception": err["exception"],
+                                           "traceback": err["traceback"]}, client=client)
+                pid = call["pid"]
+                reason = f"the call of program {pid} failed in the scheduler: {type(e).__name__}: {e}"
+                cause = to_serialize(DispatchError(reason))
+                if not self._end_program(pid, reason, cause):
+                    for addr, *_ in call["hosts"]:
+                        self._tell(addr, {"op": "pathdask-drop-programs", "pids": [pid], "reason": reason,
+                                          "cause": cause})
 
     def _drop(self, pids: list[str], hosts: list[str], reason: str, lost: str) -> None:
         """Tell ``hosts`` to fail ``pids`` with DeviceLostError(``reason``); ``lost`` is the gone host."""
@@ -391,36 +425,38 @@ class PathwaysScheduler(SchedulerPlugin):
             return
         if finish != "forgotten":
             return
-        addr = self.output_owners.pop(key, None)
-        if addr is None:
+        owner = self.output_owners.pop(key, None)
+        if owner is None:
             return
-        pid = str(key[0])[len(OUT_PREFIX):]
-        self._tell(addr, {"op": "pathdask-release-outputs", "outputs": [(pid, int(key[1]))]})
+        addr, pid, index = owner
+        self._tell(addr, {"op": "pathdask-release-outputs", "outputs": [(pid, index)]})
 
     def _dispatch_failed(self, key: Any, info: dict[str, Any]) -> None:
-        if not (isinstance(key, tuple) and str(key[0]).startswith(DISPATCH_PREFIX)):
+        pid = dispatched_program(key)
+        if pid is None:
             return
         if info.get("cause") not in (None, key):
             return  # erred because a dependency did; only the failing task itself ends the program
-        pid = str(key[0])[len(DISPATCH_PREFIX):]
         text = info.get("exception_text") or "unknown error"
         self._end_program(pid, f"the dispatch of program {pid} failed on host {info.get('worker')}: {text}",
                           info.get("exception"))
 
-    def _end_program(self, pid: str, reason: str, cause: Any) -> None:
-        """Take ``pid`` out of the order and drop it on every host it uses, with ``cause``."""
+    def _end_program(self, pid: str, reason: str, cause: Any) -> bool:
+        """Take ``pid`` out of the order and drop it on every host it uses, with ``cause``;
+        ``False`` if the order does not hold it (it ended already, or never came)."""
         sub = self.order.fail(pid)
         if sub is None:
-            return  # ended already
+            return False
         logger.info("pathdask: %s; dropping it on %s", reason, sorted(sub.hosts))
         for addr in sub.hosts:
             self._tell(addr, {"op": "pathdask-drop-programs", "pids": [pid], "reason": reason, "cause": cause})
+        return True
 
     def _stranded(self, worker: str) -> list[str]:
         """Programs whose dispatch task for ``worker`` had not run when Dask began to remove it:
         Dask took the task off it, so they can never end there."""
-        return [str(ts.key[0])[len(DISPATCH_PREFIX):] for ts in self.scheduler.tasks.values()
-                if isinstance(ts.key, tuple) and str(ts.key[0]).startswith(DISPATCH_PREFIX)
+        return [pid for ts in self.scheduler.tasks.values()
+                if (pid := dispatched_program(ts.key)) is not None
                 and ts.state != "memory" and worker in (ts.worker_restrictions or ())]
 
     # -- observation -------------------------------------------------------------

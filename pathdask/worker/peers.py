@@ -1,7 +1,10 @@
 """Messages between host runtimes: piece deliveries and gang aborts.
 
 By default they go over :class:`~pathdask.worker.transport.SocketTransport`,
-written straight from the device threads. With ``pathdask.transport: dask`` they
+written straight from the device threads. Hosts that run in one process (a
+``LocalSystem(processes=False)``) hand them to each other as plain calls on the
+sending thread, with ``pathdask.in-process-peers`` (the default): no socket, no
+receiver thread, no pickling; the modelled link times stay as they are. With ``pathdask.transport: dask`` they
 go as one-way messages over Dask comms: a ``BatchedSend`` per peer, opened
 through the peer's ``pathdask_stream`` handler and served by Dask's own
 ``handle_stream``.
@@ -17,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import dask
 import numpy as np
 from distributed.batched import BatchedSend
 from distributed.comm import connect, get_address_host
@@ -31,6 +35,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("pathdask.worker")
 
 TRANSPORTS = ("socket", "dask")
+
+#: the hosts of this process (threads mode), by worker address, while their runtimes run;
+#: guarded by ``_HERE_LOCK``. With ``pathdask.in-process-peers``, messages between them are calls.
+_HERE: dict[str, Peers] = {}
+_HERE_LOCK = threading.Lock()
 
 
 class Peers:
@@ -58,9 +67,13 @@ class Peers:
         # event loop only: Dask-comms streams to peers, and messages waiting for one to open
         self.streams: dict[str, BatchedSend] = {}
         self.backlog: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.in_process = bool(dask.config.get("pathdask.in-process-peers"))
 
     def start(self, token: bytes) -> None:
         """Open the socket transport (if chosen) with the host token and Dask's TLS settings."""
+        if self.in_process:
+            with _HERE_LOCK:
+                _HERE[self.worker.address] = self
         if self.kind != "socket":
             return
         security = self.worker.security
@@ -75,9 +88,21 @@ class Peers:
         """Where this host's socket transport listens (``None`` on Dask comms)."""
         return self.transport.address if self.transport else None
 
+    def _here(self, addr: str) -> Peers | None:
+        """The peer ``addr`` if it runs in this process and takes calls."""
+        if not self.in_process:
+            return None
+        with _HERE_LOCK:
+            peer = _HERE.get(addr)
+        return peer if peer is not self else None
+
     def send(self, addr: str, kind: str, *args: Any) -> None:
         if addr in self.lost:
             return  # it left: nothing there waits for this, and connecting would only time out
+        peer = self._here(addr)
+        if peer is not None:  # a host of this process: handed over on this thread, as its receiver would
+            peer.handle((kind, *args))
+            return
         if self.transport is not None:
             with self._reaching(addr):
                 self.transport.send(self._transport_address(addr), (kind, *args))
@@ -93,6 +118,12 @@ class Peers:
     def send_chunk(self, addr: str, meta: Any, data: memoryview) -> None:
         """One chunk of a large piece; the peer receives it straight into place."""
         if addr in self.lost:
+            return
+        peer = self._here(addr)
+        if peer is not None:
+            target = peer.sink(meta, data.nbytes)
+            np.frombuffer(target, np.uint8)[:] = np.frombuffer(data, np.uint8)
+            peer.handle(("chunk", meta, data.nbytes))
             return
         if self.transport is not None:
             with self._reaching(addr):
@@ -167,6 +198,9 @@ class Peers:
         await self.worker.handle_stream(comm)
 
     async def close(self) -> None:
+        with _HERE_LOCK:
+            if _HERE.get(self.worker.address) is self:
+                del _HERE[self.worker.address]
         for bs in self.streams.values():
             bs.abort()
         if self.transport is not None:

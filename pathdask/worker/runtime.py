@@ -37,6 +37,7 @@ from ..chunking import split
 from ..errors import DeviceLostError, DispatchError, GangAbortedError
 from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, ReshardOp
 from ..sharding import contiguous
+from ..streams import tighten
 from ..topology import DeviceInfo, Topology
 from .activity import activity
 from .bounded import remember
@@ -95,6 +96,7 @@ class HostRuntime(WorkerPlugin):
             address=worker.address, requested=requested
         )
         self.peers.start(reply["transport_token"])
+        tighten(worker.batched_stream)  # program endings travel on it
         self.topology = Topology.from_dict(reply["topology"])
         self.island, self.host = reply["island"], reply["host"]
         self.ordering: bool = reply["ordering"]

@@ -21,12 +21,15 @@ from .runtime import runtime
 
 
 async def dispatch_task(pid: str, plan: HostPlan | str, inputs: tuple[tuple[str, int], ...], client: str,
-                        gated: bool = False) -> str:
+                        gated: bool = False, handle: int | None = None) -> str | tuple[str, int]:
     """Register this host's part of a program with its runtime; returns before execution.
 
-    ``plan`` is the host's plan, or the id of a plan its client sent ahead.
+    ``plan`` is the host's plan, or the id of a plan its client sent ahead. With
+    ``handle``, the task's key is also that output's key on this host (a call,
+    ``client/calls.py``), and it returns the output's handle as :func:`output_task` does.
     """
-    return await runtime().dispatch(pid, plan, inputs, client, gated=gated)
+    await runtime().dispatch(pid, plan, inputs, client, gated=gated)
+    return pid if handle is None else (pid, handle)
 
 
 def run_gang_task(registered: str, pid: str, gang: int, device: int, *upstream: Any) -> str:
@@ -43,8 +46,11 @@ def run_gang_task(registered: str, pid: str, gang: int, device: int, *upstream: 
     return pid
 
 
-def output_task(pid: str, index: int, *upstream: Any) -> tuple[str, int]:
-    """A program output's handle on this host. Its key owns the output's buffers here."""
+async def output_task(pid: str, index: int, *upstream: Any) -> tuple[str, int]:
+    """A program output's handle on this host. Its key owns the output's buffers here.
+
+    A coroutine, so that the worker runs it on its event loop, not in its thread pool.
+    """
     return (pid, index)
 
 

@@ -1,0 +1,110 @@
+"""``pathdask bench dispatch --hosts``: how dispatch scales with the number of hosts.
+
+The paper's Figure 6 asks how small a computation may be before a single
+controller falls behind a multi-controller: 2.3 ms on 16 hosts, 35 ms on 512.
+Here, for each host count, a system of one island with one device per host runs
+in one process (threads mode), and the computation of ``bench dispatch`` (a
+scalar all-reduce over every device, plus an add) is swept over modelled costs,
+smallest first, until pathdask's OpByOp and Chained both reach 95% of the
+multi-controller's OpByOp at the same cost.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import P
+from ..system import LocalSystem
+from ..topology import Topology
+from .dispatch import Config as DispatchConfig
+from .dispatch import _rates
+from .report import save_plots, table, write_json
+
+#: the reference each shape is held against: the multi-controller running one program per step
+REFERENCE = ("multi-controller", "OpByOp")
+SHAPES = ("OpByOp", "Chained")
+REACH = 0.95
+
+
+@dataclass
+class Config:
+    hosts: tuple[int, ...] = (2, 4, 8, 16)
+    costs: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+    computations: int = 64
+    repeats: int = 2
+
+    @classmethod
+    def small(cls, hosts: Sequence[int] = (2, 4)) -> Config:
+        return cls(hosts=tuple(hosts), costs=(1e-3, 1e-2), computations=8, repeats=1)
+
+
+def topology_for(hosts: int) -> Topology:
+    """One island of ``hosts`` hosts, one device each."""
+    return Topology(islands=1, hosts_per_island=hosts, devices_per_host=1)
+
+
+def sweep(hosts: int, cfg: Config, echo: Callable[[str], Any]) -> dict[str, Any]:
+    """Rates by cost on ``hosts`` hosts, and the smallest cost at which each shape reaches 95%."""
+    dcfg = DispatchConfig(computations=cfg.computations, repeats=cfg.repeats, ray=False, security=False)
+    rates: dict[str, dict[str, float | None]] = {}
+    reach: dict[str, float | None] = dict.fromkeys(SHAPES)
+    start = time.perf_counter()
+    with LocalSystem(topology_for(hosts), processes=False, dashboard_address=None) as system:
+        client = system.client(name=f"bench-hosts-{hosts}")
+        mesh = client.mesh({"x": hosts}, island=0)
+        workers = [d.address for d in mesh.devices]
+        x = client.put(np.zeros(mesh.size), mesh, P("x"))
+        x.result()
+        for cost in cfg.costs:
+            k = max(8, min(cfg.computations, int(1.0 / cost)))
+            r = _rates(client, workers, x, cost, k, dcfg, systems=("pathdask", "multi-controller"),
+                       shapes=SHAPES)
+            ref = r[REFERENCE[0]][REFERENCE[1]] or math.inf
+            for shape in SHAPES:
+                rate = r["pathdask"][shape]
+                rates.setdefault(f"pathdask {shape}", {})[str(cost)] = rate
+                if reach[shape] is None and (rate or 0) >= REACH * ref:
+                    reach[shape] = cost
+            rates.setdefault("multi-controller OpByOp", {})[str(cost)] = r[REFERENCE[0]][REFERENCE[1]]
+            if all(v is not None for v in reach.values()):
+                break  # larger computations only get closer
+        client.close()
+    echo(f"  {hosts} hosts: done in {time.perf_counter() - start:.0f}s")
+    return {"rates": rates, "reaches_95pct_of_multicontroller_at_s": reach}
+
+
+def run(cfg: Config, out: str = "bench-results", echo: Callable[[str], Any] = print) -> dict[str, Any]:
+    """Run the sweep for every host count; print a table, write ``dispatch-hosts.json`` and ``.html``."""
+    echo(f"pathdask bench dispatch --hosts {','.join(map(str, cfg.hosts))}: one island, one device per "
+         "host, every host in this process; the smallest computation (s) at which pathdask reaches "
+         f"{REACH:.0%} of the multi-controller")
+    by_hosts = {h: sweep(h, cfg, echo) for h in cfg.hosts}
+    rows = [[h, *(r["reaches_95pct_of_multicontroller_at_s"][s] for s in SHAPES),
+             *(_rate_at(r, s) for s in SHAPES)] for h, r in by_hosts.items()]
+    echo(table(["hosts", *(f"{s} 95% at (s)" for s in SHAPES), *(f"{s}/MC at {cfg.costs[0]:g}s" for s in SHAPES)],
+               rows))
+    result = {"config": cfg.__dict__, "hosts": {str(h): r for h, r in by_hosts.items()}}
+    html = save_plots(f"{out}/dispatch-hosts.html", "pathdask bench dispatch --hosts", [
+        {"title": "Smallest computation within 95% of the multi-controller", "x_label": "hosts",
+         "y_label": "modelled computation (s)", "log_x": True,
+         "series": {s: ([h for h in by_hosts if by_hosts[h]["reaches_95pct_of_multicontroller_at_s"][s]],
+                        [r["reaches_95pct_of_multicontroller_at_s"][s] for r in by_hosts.values()
+                         if r["reaches_95pct_of_multicontroller_at_s"][s]]) for s in SHAPES}},
+    ])
+    write_json(f"{out}/dispatch-hosts.json", result)
+    echo(f"wrote {out}/dispatch-hosts.json and {html}")
+    return result
+
+
+def _rate_at(result: dict[str, Any], shape: str) -> float | None:
+    """pathdask's rate over the multi-controller's at the smallest cost swept."""
+    rates = result["rates"]
+    first = next(iter(rates["multi-controller OpByOp"]))
+    mc, pd = rates["multi-controller OpByOp"][first], rates[f"pathdask {shape}"][first]
+    return pd / mc if pd and mc else None
