@@ -30,6 +30,7 @@ import numpy as np
 
 from ..topology import Topology
 from ..worker.links import LinkModel
+from .clock import Processor
 from .model import CostModel
 from .schedule import Schedule, Step
 
@@ -39,8 +40,11 @@ __all__ = ["DeviceEngine"]
 class DeviceEngine:
     """The state of every device of a topology, and the trace of what they ran."""
 
-    def __init__(self, topology: Topology, costs: CostModel, trace_gangs: int = 20000) -> None:
+    def __init__(self, topology: Topology, costs: CostModel, trace_gangs: int = 20000,
+                 shared: Processor | None = None) -> None:
         n = topology.num_devices
+        #: with one shared processor (one GIL), the device threads' own time queues on it too
+        self.shared = shared
         self.topology, self.costs = topology, costs
         self.modelled = np.zeros(n)
         self.real = np.zeros(n)
@@ -76,9 +80,14 @@ class DeviceEngine:
         return out[sched.hosts]
 
     def _kernel(self, step: Step, ready: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        devs = step.devs
+        devs, c = step.devs, self.costs
         begin = np.maximum(self.modelled[devs], ready)
-        end = np.maximum(begin + step.cost, np.maximum(self.real[devs], ready) + self.costs.device_op_s)
+        remote = sum(ex.remote_hosts for ex in step.exchanges) * c.exchange_host_s
+        if self.shared is not None:  # every thread's own time, one after another, on the one processor
+            own = self.shared.book(float(begin.min()), len(devs) * (c.device_op_s + remote))
+            end = np.maximum(begin + step.cost, own)
+        else:
+            end = np.maximum(begin + step.cost, np.maximum(self.real[devs], ready) + c.device_op_s + remote)
         t = begin
         for ex in step.exchanges:
             t = np.broadcast_to(t.reshape(step.shape).max(axis=ex.axes, keepdims=True), step.shape).ravel() + ex.seconds

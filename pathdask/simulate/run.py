@@ -199,9 +199,9 @@ class Simulation:
         self.costs = costs if costs is not None else CostModel.load()
         self.clock = Clock()
         self.islands = IslandScheduler(policy)
-        self.engine = DeviceEngine(topology, self.costs, trace_gangs)
         self.overlap = overlap
         shared = Processor("shared") if self.costs.shared_cpu else None
+        self.engine = DeviceEngine(topology, self.costs, trace_gangs, shared)
         self.shared = shared
         self.scheduler_cpu = shared or Processor("scheduler")
         self.hosts = Hosts(topology.num_hosts, shared)

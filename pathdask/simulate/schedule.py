@@ -48,6 +48,7 @@ class Exchange:
     axes: tuple[int, ...]
     seconds: float
     nbytes: int
+    remote_hosts: int = 0  # hosts of the group other than a member's own
 
 
 @dataclass
@@ -134,7 +135,7 @@ def _exchange(topology: Topology, mesh: Mesh, axes: tuple[int, ...], nbytes: int
     cls = max((topology.link_class(group[0], d) for d in group), key=LINK_RANK.__getitem__)
     link = topology.link(cls)
     seconds = 0.0 if link is None else link.latency + nbytes / link.bandwidth
-    return Exchange(axes, seconds, nbytes)
+    return Exchange(axes, seconds, nbytes, len({d.address for d in group}) - 1)
 
 
 @functools.lru_cache(maxsize=1024)
