@@ -24,7 +24,7 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,8 +60,9 @@ def _timed_dispatch(system: LocalSystem) -> list[float]:
 def _measure(client: Any, kernels: Kernels, x: Any, spans: list[float], repeats: int) -> dict[str, float]:
     k = kernels.k
     out: dict[str, list[float]] = {"call": [], "opbyop": [], "chained": [], "dispatch1": [], "dispatchk": [],
-                                   "single": [], "result": [], "mc": []}
+                                   "single": [], "result": [], "mc": [], "fused": []}
     kernels.chained(x).result()
+    kernels.fused(x).result()
     kernels.step(x).result()
     for _ in range(repeats):
         spans.clear()
@@ -80,6 +81,9 @@ def _measure(client: Any, kernels: Kernels, x: Any, spans: list[float], repeats:
         kernels.chained(x).result()
         out["chained"].append((time.perf_counter() - t0) / k)
         out["dispatchk"].append(statistics.median(spans))
+        t0 = time.perf_counter()
+        kernels.fused(x).result()
+        out["fused"].append((time.perf_counter() - t0) / k)
         for _ in range(5):
             t0 = time.perf_counter()
             y = kernels.step(x)
@@ -122,7 +126,7 @@ def measure(k: int = 64, repeats: int = 3, echo: Echo = print) -> dict[str, Any]
     return raw
 
 
-def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     """Least-squares intercept and slope, each at least 0 (a negative one is noise)."""
     slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
     if slope < 0:
@@ -143,28 +147,34 @@ def fit(raw: dict[str, Any]) -> CostModel:
     # one dispatch holds 1 op per local device (OpByOp) or k per device (Chained)
     host_op = max(statistics.median((r[h]["dispatchk"] - r[h]["dispatch1"]) / ((k - 1) * dph) for h in hosts), 0.0)
     host_dispatch = max(statistics.median(r[h]["dispatch1"] for h in hosts) - host_op * dph, 0.0)
-    # devices: gangs of all the mesh's devices back to back, every thread on one GIL; each member also
-    # sends to and collects from every other host of the mesh
-    device_op, exchange_host = _line([h - 1 for h in hosts], [r[h]["chained"] / r[h]["devices"] for h in hosts])
+    # collectives: a fused gang of k psums over all the mesh's devices, every thread on one GIL; each
+    # member sends to and collects from every host of the mesh
+    exchange, exchange_host = _line([h - 1 for h in hosts], [r[h]["fused"] / r[h]["devices"] for h in hosts])
+    # devices: gangs of one psum back to back; what is not the psum is the op's own time
+    device_op = max(statistics.median(r[h]["chained"] / r[h]["devices"] - exchange - exchange_host * (h - 1)
+                                      for h in hosts), 0.0)
 
     def own(h: int) -> float:
-        return (device_op + exchange_host * (h - 1)) * r[h]["devices"]
+        return (device_op + exchange + exchange_host * (h - 1)) * r[h]["devices"]
 
     # scheduler: what is left of each back-to-back call
     left = [r[h]["opbyop"] - r[h]["call"] - h * (host_dispatch + host_op * dph) - own(h) for h in hosts]
     sched_call, sched_host = _line(hosts, left)
     # messages: a lone call and its result is 4 messages plus every cost on the way
-    one = r[hosts[0]]
     result = statistics.median(r[h]["result"] for h in hosts)
-    cpu = (one["call"] + sched_call + sched_host + host_dispatch + host_op * dph + own(hosts[0]) + result)
-    message = max((one["single"] - cpu) / 4, 0.0)
+
+    def cpu(h: int) -> float:
+        return (client_call + client_host * h + sched_call + sched_host * h + h * (host_dispatch + host_op * dph)
+                + own(h) + result)
+
+    message = max(statistics.median((r[h]["single"] - cpu(h)) / 4 for h in hosts), 0.0)
     # multi-controller: each host registers k programs; the devices' share of the GIL comes on top
     mc = max(statistics.median((r[h]["mc"] - own(h)) / h for h in hosts), 0.0)
     mc_op = host_op
     mc_call = max(mc - mc_op * dph, 0.0)
     return CostModel(client_call_s=client_call, client_host_s=client_host, scheduler_call_s=sched_call,
                      scheduler_host_s=sched_host, host_dispatch_s=host_dispatch, host_op_s=host_op,
-                     device_op_s=device_op, exchange_host_s=exchange_host, message_s=message, result_s=result,
+                     device_op_s=device_op, exchange_s=exchange, exchange_host_s=exchange_host, message_s=message, result_s=result,
                      mc_call_s=mc_call, mc_op_s=mc_op, shared_cpu=False, source=_source(raw))
 
 

@@ -82,7 +82,7 @@ class DeviceEngine:
     def _kernel(self, step: Step, ready: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         devs, c = step.devs, self.costs
         begin = np.maximum(self.modelled[devs], ready)
-        remote = sum(ex.remote_hosts for ex in step.exchanges) * c.exchange_host_s
+        remote = sum(c.exchange_s + ex.remote_hosts * c.exchange_host_s for ex in step.exchanges)
         if self.shared is not None:  # every thread's own time, one after another, on the one processor
             own = self.shared.book(float(begin.min()), len(devs) * (c.device_op_s + remote))
             end = np.maximum(begin + step.cost, own)

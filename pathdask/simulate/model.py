@@ -49,6 +49,8 @@ class CostModel:
     device_op_s
         A device thread's own time per op (Python around the kernel); a device is
         busy ``max(cost, device_op_s)`` per kernel when gangs run back to back.
+    exchange_s
+        A device's own time per collective it takes part in.
     exchange_host_s
         A device's own time per collective and per other host in its group (the
         runtime sends one message per remote host and collects the answers).
@@ -72,6 +74,7 @@ class CostModel:
     host_dispatch_s: float = 100e-6
     host_op_s: float = 10e-6
     device_op_s: float = 50e-6
+    exchange_s: float = 50e-6
     exchange_host_s: float = 100e-6
     message_s: float = 2e-3
     result_s: float = 500e-6

@@ -31,7 +31,7 @@ from ..client.lowering import _annotation, lower
 from ..client.program import Program
 from ..collectives import bind
 from ..mesh import Mesh
-from ..ops import GangSpec, HostPlan, KernelOp, Op, ReshardOp
+from ..ops import GangSpec, KernelOp, Op, ReshardOp
 from ..topology import DeviceInfo, Topology
 from .abstract import host_of
 
@@ -187,8 +187,8 @@ def _compile(program: Program, topology: Topology, overlap: bool) -> Schedule:
         if kind == "kernel":
             steps.append(_kernel_step(program, topology, gang, entries))
         elif kind == "send":
-            members = {d.id: d for d in gang.members}
-            pieces = tuple((members[d], dst, _piece_bytes(program, op, index))  # type: ignore[arg-type]
+            members: dict[int, DeviceInfo] = {int(d.id): d for d in gang.members}
+            pieces = tuple((members[d], dst, _piece_bytes(program, op, index))  # type: ignore[arg-type,union-attr]
                            for d, op in entries for dst, index in op.sends)  # type: ignore[union-attr]
             devs = np.array(sorted({d for d, _ in entries}), dtype=np.int64)
             scale = entries[0][1].scale  # type: ignore[union-attr]

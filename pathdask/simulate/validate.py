@@ -49,8 +49,9 @@ def dispatch_rows(costs: CostModel, small: bool, echo: Echo) -> list[dict[str, A
             kernels = Kernels(cost, k)
             programs = dispatch_programs(topology, cost, k)
             for shape in ("OpByOp", "Chained", "Fused"):
-                for system_name, run in (("pathdask", lambda s=shape: _pathdask_run(kernels, x, s, "parallel")),
-                                         ("multi-controller", lambda s=shape: _mc_run(client, kernels, x, s))):
+                for system_name, run in (
+                        ("pathdask", lambda s=shape, kn=kernels: _pathdask_run(kn, x, s, "parallel")),
+                        ("multi-controller", lambda s=shape, kn=kernels: _mc_run(client, kn, x, s))):
                     run()  # warm-up: traces, plans, connections
                     real = k / min(run() for _ in range(1 if small else 2))
                     sim, _ = dispatch_rate(topology, costs, programs, shape, k, system_name)

@@ -26,7 +26,7 @@ from .run import ClientScript, SimResult, Tenant, simulate
 def traced(fn: ProgramFunction | Any, topology: Topology, *args: AbstractArray, name: str | None = None) -> Program:
     """``fn`` (a ``@program`` or a plain function of traced values) traced on ``args``."""
     body = fn.fn if isinstance(fn, ProgramFunction) else fn
-    return trace_program(body, name or getattr(fn, "name", "program"), args, topology.device_flops)
+    return trace_program(body, str(name or getattr(fn, "name", "program")), args, topology.device_flops)
 
 
 def island_mesh(topology: Topology, size: int | None = None) -> Mesh:
