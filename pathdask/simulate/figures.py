@@ -104,8 +104,11 @@ def paper_table2(costs_model: CostModel, small: bool = False, echo: Echo = print
     if small:
         rows = table2(PipelineConfig(devices=16, batch=64, steps=1), costs_model, (2, 4), echo)
     else:
-        rows = table2(PipelineConfig(devices=128, batch=512, steps=2), costs_model, (4, 8, 16), echo)
-        rows += table2(PipelineConfig(devices=512, batch=2048, steps=2), costs_model, (16,), echo)
+        computed = {**PipelineConfig().computed, "layers": 16}  # a layer or more per stage, at the computed width
+        rows = table2(PipelineConfig(devices=128, batch=512, steps=2, computed=computed), costs_model, (4, 8, 16),
+                      echo)
+        rows += table2(PipelineConfig(devices=512, batch=2048, steps=2, computed=computed), costs_model, (16,),
+                       echo)
     spmd = {r["devices"]: r["tokens_per_s"] for r in rows if r["row"] == "SPMD"}
     for r in rows:
         r["ratio_to_spmd"] = r["tokens_per_s"] / spmd[r["devices"]]
