@@ -250,5 +250,27 @@ def bench_stress(small: bool, runs: int | None, seed: int, processes: bool, out:
             f"{s['runs_with_bytes_left']} run(s) with bytes left; see {out}/stress.json")
 
 
+@main.command("simulate")
+@click.argument("what", type=click.Choice(["figure6", "figure8", "table2", "validate", "speed", "all"]),
+                required=False)
+@click.option("--calibrate", "do_calibrate", is_flag=True,
+              help="Measure the control costs on the real embedded system and save them first.")
+@click.option("--costs", default=None, help="A calibration JSON file.  [default: the one shipped with pathdask]")
+@click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
+@click.option("--programs", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="speed: programs of 128 gangs simulated on 2,048 devices.")
+@click.option("--out", default="bench-results", show_default=True, help="Folder for JSON and HTML.")
+def simulate_cmd(what: str | None, do_calibrate: bool, costs: str | None, small: bool, programs: int,
+                 out: str) -> None:
+    """Paper scale on a virtual clock: Figure 6 (configurations A and B), Figure 8, Table 2, the
+    validation against real runs, and the simulation's speed."""
+    from .simulate.cli import run_simulate
+
+    if what is None and not do_calibrate:
+        raise click.UsageError("name what to simulate (figure6, figure8, table2, validate, speed, all), "
+                               "or --calibrate")
+    run_simulate(what, do_calibrate, costs, small, programs, out, click.echo)
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,203 @@
+"""``pathdask simulate --calibrate``: measure the control costs on the real embedded system.
+
+On a real ``LocalSystem(processes=False)`` of one island of 4 hosts x 2 devices
+(the dispatch benchmark's scalar all-reduce + add at zero modelled cost) it
+times, on meshes of 1, 2 and 4 hosts (each cost is a least-squares line over them):
+
+- the client's calls (the loop of ``k`` calls, before any result): client CPU
+  per call and per host;
+- every host's dispatch (its runtime's ``dispatch`` is wrapped with a timer), for
+  one op and for ``k`` ops per device: host CPU per dispatch and per op;
+- a program of ``k`` chained gangs: the devices' own time per op;
+- ``k`` one-gang calls back to back: the scheduler's CPU is what is left of each
+  call's time once the client's, the hosts' and the devices' are taken out (one
+  process: they all queue on one GIL);
+- one call and its result, alone: the message latency is what is left of it;
+- the multi-controller loop: a host's cost to register a program itself.
+
+Everything is fitted for the embedded system (``shared_cpu``); the same numbers
+on separate processors are the cluster model (:meth:`CostModel.cluster`).
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import P
+from ..bench.dispatch import Kernels
+from ..bench.multicontroller import run_multicontroller
+from ..system import LocalSystem
+from .model import CostModel
+
+Echo = Callable[[str], Any]
+
+
+def _timed_dispatch(system: LocalSystem) -> list[float]:
+    """Wrap every host runtime's ``dispatch`` so that its durations land in the returned list."""
+    assert system.cluster is not None
+    spans: list[float] = []
+    for worker in system.cluster.workers.values():
+        rt = worker.plugins["pathdask"]
+        inner = rt.dispatch
+
+        async def timed(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return await _inner(*args, **kwargs)
+            finally:
+                spans.append(time.perf_counter() - t)
+
+        rt.dispatch = timed
+    return spans
+
+
+def _measure(client: Any, kernels: Kernels, x: Any, spans: list[float], repeats: int) -> dict[str, float]:
+    k = kernels.k
+    out: dict[str, list[float]] = {"call": [], "opbyop": [], "chained": [], "dispatch1": [], "dispatchk": [],
+                                   "single": [], "result": [], "mc": [], "fused": []}
+    kernels.chained(x).result()
+    kernels.fused(x).result()
+    kernels.step(x).result()
+    for _ in range(repeats):
+        spans.clear()
+        t0 = time.perf_counter()
+        y = x
+        for _ in range(k):
+            y = kernels.step(y)
+        t1 = time.perf_counter()
+        y.result()
+        t2 = time.perf_counter()
+        out["call"].append((t1 - t0) / k)
+        out["opbyop"].append((t2 - t0) / k)
+        out["dispatch1"].append(statistics.median(spans))
+        spans.clear()
+        t0 = time.perf_counter()
+        kernels.chained(x).result()
+        out["chained"].append((time.perf_counter() - t0) / k)
+        out["dispatchk"].append(statistics.median(spans))
+        t0 = time.perf_counter()
+        kernels.fused(x).result()
+        out["fused"].append((time.perf_counter() - t0) / k)
+        for _ in range(5):
+            t0 = time.perf_counter()
+            y = kernels.step(x)
+            y.result()
+            t1 = time.perf_counter()
+            y.result()
+            out["single"].append(t1 - t0)
+            out["result"].append(time.perf_counter() - t1)
+        out["mc"].append(run_multicontroller(client, kernels.op, x, k) / k)
+    return {name: min(v) if name not in ("single", "result") else statistics.median(v) for name, v in out.items()}
+
+
+#: the calibration's topology: one island of four hosts, so that meshes span 1, 2 and 4 hosts
+TOPOLOGY = {"islands": 1, "hosts_per_island": 4, "devices_per_host": 2}
+HOSTS = (1, 2, 4)
+
+
+def measure(k: int = 64, repeats: int = 3, echo: Echo = print) -> dict[str, Any]:
+    """The raw timings on meshes of 1, 2 and 4 hosts (:data:`TOPOLOGY`)."""
+    from ..topology import Topology
+
+    topology = Topology.from_dict(TOPOLOGY)
+    raw: dict[str, Any] = {}
+    with LocalSystem(topology, processes=False, dashboard_address=None) as system:
+        spans = _timed_dispatch(system)
+        client = system.client(name="calibrate")
+        kernels = Kernels(0.0, k)
+        for hosts in HOSTS:
+            size = hosts * topology.devices_per_host
+            mesh = client.mesh({"x": size}, island=0)
+            if len(mesh.hosts) != hosts:
+                raise RuntimeError(f"calibration needs a mesh of {size} devices on {hosts} host(s); got {mesh.hosts}")
+            x = client.put(np.zeros(size), mesh, P("x"))
+            raw[str(hosts)] = {"devices": size, **_measure(client, kernels, x, spans, repeats)}
+            echo(f"  {hosts} host(s): " + ", ".join(f"{n} {v * 1e3:.3f} ms" for n, v in raw[str(hosts)].items()
+                                                  if n != "devices"))
+        client.close()
+    raw["k"] = k
+    raw["topology"] = topology.to_dict()
+    return raw
+
+
+def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares intercept and slope, each at least 0 (a negative one is noise)."""
+    slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
+    if slope < 0:
+        return float(np.mean(ys)), 0.0
+    if intercept < 0:
+        return 0.0, float(np.dot(xs, ys) / np.dot(xs, xs))
+    return float(intercept), float(slope)
+
+
+def fit(raw: dict[str, Any]) -> CostModel:
+    """The cost model that reproduces ``raw`` (see the module docstring), by least squares over
+    the meshes of 1, 2 and 4 hosts."""
+    k = raw["k"]
+    hosts = [int(h) for h in raw if h.isdigit()]
+    r = {h: raw[str(h)] for h in hosts}
+    dph = r[hosts[0]]["devices"] // hosts[0]
+    client_call, client_host = _line(hosts, [r[h]["call"] for h in hosts])
+    # one dispatch holds 1 op per local device (OpByOp) or k per device (Chained)
+    host_op = max(statistics.median((r[h]["dispatchk"] - r[h]["dispatch1"]) / ((k - 1) * dph) for h in hosts), 0.0)
+    host_dispatch = max(statistics.median(r[h]["dispatch1"] for h in hosts) - host_op * dph, 0.0)
+    # collectives: a fused gang of k psums over all the mesh's devices, every thread on one GIL; each
+    # member sends to and collects from every host of the mesh
+    exchange, exchange_host = _line([h - 1 for h in hosts], [r[h]["fused"] / r[h]["devices"] for h in hosts])
+    # devices: gangs of one psum back to back; what is not the psum is the op's own time
+    device_op = max(statistics.median(r[h]["chained"] / r[h]["devices"] - exchange - exchange_host * (h - 1)
+                                      for h in hosts), 0.0)
+
+    def own(h: int) -> float:
+        return (device_op + exchange + exchange_host * (h - 1)) * r[h]["devices"]
+
+    # scheduler: what is left of each back-to-back call
+    left = [r[h]["opbyop"] - r[h]["call"] - h * (host_dispatch + host_op * dph) - own(h) for h in hosts]
+    sched_call, sched_host = _line(hosts, left)
+    # messages: a lone call and its result is 4 messages plus every cost on the way
+    result = statistics.median(r[h]["result"] for h in hosts)
+
+    def cpu(h: int) -> float:
+        return (client_call + client_host * h + sched_call + sched_host * h + h * (host_dispatch + host_op * dph)
+                + own(h) + result)
+
+    message = max(statistics.median((r[h]["single"] - cpu(h)) / 4 for h in hosts), 0.0)
+    # multi-controller: each host registers k programs; the devices' share of the GIL comes on top
+    mc = max(statistics.median((r[h]["mc"] - own(h)) / h for h in hosts), 0.0)
+    mc_op = host_op
+    mc_call = max(mc - mc_op * dph, 0.0)
+    return CostModel(client_call_s=client_call, client_host_s=client_host, scheduler_call_s=sched_call,
+                     scheduler_host_s=sched_host, host_dispatch_s=host_dispatch, host_op_s=host_op,
+                     device_op_s=device_op, exchange_s=exchange, exchange_host_s=exchange_host, message_s=message, result_s=result,
+                     mc_call_s=mc_call, mc_op_s=mc_op, shared_cpu=False, source=_source(raw))
+
+
+def _source(raw: dict[str, Any]) -> dict[str, Any]:
+    import os
+
+    import dask
+    import distributed
+
+    return {"made_by": "pathdask simulate --calibrate", "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPU(s), {platform.system()} "
+                       f"{platform.release()}", "python": platform.python_version(),
+            "dask": dask.__version__, "distributed": distributed.__version__,
+            "system": "LocalSystem(processes=False), 1 island x 4 hosts x 2 devices", "raw": raw}
+
+
+def calibrate(path: str | None = None, k: int = 64, repeats: int = 3, echo: Echo = print) -> CostModel:
+    """Measure, fit and save (to ``path``, by default the calibration shipped with pathdask)."""
+    from .model import DEFAULT
+
+    echo(f"pathdask simulate --calibrate: timing the embedded system ({k} calls per measurement)")
+    costs = fit(measure(k, repeats, echo))
+    costs.save(path or DEFAULT)
+    echo("  " + ", ".join(f"{n} {v * 1e6:.1f} us" for n, v in costs.to_dict().items() if n.endswith("_s")))
+    echo(f"wrote {path or DEFAULT}")
+    return costs

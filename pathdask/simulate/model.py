@@ -1,0 +1,127 @@
+"""The cost model of the control plane: what the simulation charges for each message.
+
+Device time is not here: a kernel's time is its gang's modelled ``cost_s`` and a
+move's is the link model's, exactly as in the real runtime. What the real system
+adds on top is the *control plane*: a client builds and submits each call, the
+Dask scheduler and its pathdask plugin take it in and slot it, each host's
+dispatch task registers its part, and each device thread spends some time per op
+in Python. These costs are measured on the real embedded system
+(``pathdask simulate --calibrate``, :mod:`.calibrate`) and stored as JSON; the
+package ships one such file (:data:`DEFAULT`).
+
+Two kinds of cost:
+
+- *CPU* seconds, which occupy a processor: the client's, the scheduler's, or a
+  host's. With ``shared_cpu`` (the embedded ``LocalSystem(processes=False)``,
+  one process, one GIL) they all queue on one processor; otherwise each client,
+  the scheduler and each host has its own, as on a real cluster.
+- *latency* (``message_s``): the time a control message takes to arrive, during
+  which no processor is busy (Dask batches messages on a few-ms interval).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+__all__ = ["DEFAULT", "CostModel"]
+
+#: the calibration shipped with pathdask (made by ``pathdask simulate --calibrate``)
+DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibration.json")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Per-message control costs, in seconds.
+
+    Parameters
+    ----------
+    client_call_s, client_host_s
+        Client CPU per call of a program, and per host that the call's plan names
+        (a graph layer, a dispatch task and its output tasks per host).
+    scheduler_call_s, scheduler_host_s
+        Scheduler CPU per program taken in and slotted, and per host of it (its
+        dispatch task, its order message and its done message).
+    host_dispatch_s, host_op_s
+        A host's CPU per dispatch task, and per op it registers for its devices.
+    device_op_s
+        A device thread's own time per op (Python around the kernel); a device is
+        busy ``max(cost, device_op_s)`` per kernel when gangs run back to back.
+    exchange_s
+        A device's own time per collective it takes part in.
+    exchange_host_s
+        A device's own time per collective and per other host in its group (the
+        runtime sends one message per remote host and collects the answers).
+    message_s
+        One-way latency of a control message (client, scheduler, host).
+    result_s
+        Client CPU to fetch one result once its program is done.
+    mc_call_s, mc_op_s
+        Multi-controller: a host's CPU to register one program with its own runtime,
+        and per op of it.
+    shared_cpu
+        Every CPU cost above queues on one processor (one process with one GIL).
+    source
+        Where the numbers came from (machine, date), for the record.
+    """
+
+    client_call_s: float = 500e-6
+    client_host_s: float = 50e-6
+    scheduler_call_s: float = 500e-6
+    scheduler_host_s: float = 100e-6
+    host_dispatch_s: float = 100e-6
+    host_op_s: float = 10e-6
+    device_op_s: float = 50e-6
+    exchange_s: float = 50e-6
+    exchange_host_s: float = 100e-6
+    message_s: float = 2e-3
+    result_s: float = 500e-6
+    mc_call_s: float = 50e-6
+    mc_op_s: float = 10e-6
+    shared_cpu: bool = False
+    source: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name.endswith("_s") and not (isinstance(v, (int, float)) and v >= 0):
+                raise ValueError(f"CostModel.{f.name} must be seconds >= 0, got {v!r}")
+
+    # -- files ----------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | None = None) -> CostModel:
+        """The calibration at ``path`` (by default the one shipped with pathdask)."""
+        path = path or DEFAULT
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"No calibration file {path}; run `pathdask simulate --calibrate` to make one") from None
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data.get("costs", {})) - known)
+        if unknown:
+            raise ValueError(f"Calibration {path} has unknown cost(s) {unknown}; known: {sorted(known)}")
+        return cls(**data.get("costs", {}), source=data.get("source", {}))
+
+    def save(self, path: str) -> None:
+        data = asdict(self)
+        source = data.pop("source")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"source": source, "costs": data}, f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    # -- variants ---------------------------------------------------------------------
+    def embedded(self) -> CostModel:
+        """As on the machine it was measured on: one process, every CPU cost on one processor."""
+        return replace(self, shared_cpu=True)
+
+    def cluster(self) -> CostModel:
+        """As on a cluster: the client, the scheduler and every host on processors of their own."""
+        return replace(self, shared_cpu=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,303 @@
+"""The control plane on the virtual clock: clients, the scheduler and the hosts' dispatch.
+
+A call of a program goes the way it goes in the real system, each leg charged
+from the :class:`~.model.CostModel`:
+
+1. the client lowers it (the real ``lower``, cached per program) and submits it:
+   client CPU; then a message to the scheduler;
+2. the scheduler takes it in: scheduler CPU; it is given to the real
+   :class:`~pathdask.scheduler.order.IslandScheduler` with the real policy, and
+   each host gets its dispatch task (a message, then host CPU per op);
+3. when the policy slots it, each host gets an order message; a host has the
+   program once it has both (``ready``);
+4. its devices run it in slot order (:class:`~.devices.DeviceEngine`); each host
+   that finished tells the scheduler, whose ``host_done`` may slot more; the
+   client learns of the result a message later.
+
+The multi-controller baseline (:meth:`Tenant.mc`) is what
+``bench/multicontroller.py`` runs: each host registers the same programs with its
+own runtime, one after another, with no client and no scheduler.
+
+Devices run programs in slot order; the engine runs a program once every one
+of its hosts has it and every earlier slot has run, so a host's "done" is
+never earlier in virtual time than that (a host that finished a program before
+another host even had it reports at that moment: a bookkeeping delay only).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+import xarray as xr
+
+from ..client.program import Program
+from ..dashboard.trace import to_dataset, transfers_dataset
+from ..scheduler.order import IslandScheduler, Submission
+from ..topology import Topology
+from .clock import Clock, Hosts, Processor
+from .devices import DeviceEngine
+from .model import CostModel
+from .schedule import Schedule, compile_schedule
+
+__all__ = ["Call", "ClientScript", "SimResult", "Simulation", "Tenant", "simulate"]
+
+Script = Callable[["Tenant"], Generator[Any, Any, Any]]
+
+
+@dataclass
+class Call:
+    """One call of a program, as the simulation follows it."""
+
+    pid: str
+    client: str
+    schedule: Schedule
+    deps: frozenset[str]
+    submitted: float
+    slot: int | None = None
+    order_at: float | None = None
+    dispatched: np.ndarray | None = None
+    started: float | None = None
+    done_at: float | None = None
+    done: simpy.Event | None = None
+
+    def row(self) -> dict[str, Any]:
+        return {"pid": self.pid, "client": self.client, "program": self.schedule.name, "slot": self.slot,
+                "submitted": self.submitted, "done": self.done_at}
+
+
+@dataclass
+class ClientScript:
+    """A client: its name and weight, and its call pattern, a generator function of a :class:`Tenant`.
+
+    Examples
+    --------
+    >>> def opbyop(h):
+    ...     call = None
+    ...     for _ in range(128):
+    ...         call = yield from h.call(step, after=call)
+    ...     yield from h.result(call)
+    >>> ClientScript("bench", opbyop)                        # doctest: +SKIP
+    """
+
+    name: str
+    script: Script
+    weight: float = 1.0
+
+
+class Tenant:
+    """A simulated client, as its script sees it: ``call``, ``result``, ``mc``, ``now``, ``marks``."""
+
+    def __init__(self, sim: Simulation, name: str, weight: float, cpu: Processor) -> None:
+        self.sim, self.name, self.weight, self.cpu = sim, name, weight, cpu
+        self.id = f"{name}-{len(sim.tenants)}"
+        self.marks: dict[str, Any] = {}
+        self.calls: list[Call] = []
+
+    @property
+    def now(self) -> float:
+        return self.sim.clock.now
+
+    def sleep(self, seconds: float) -> Generator[Any, Any, None]:
+        yield self.sim.clock.timeout(seconds)
+
+    def call(self, program: Program, after: Call | Iterable[Call] | None = None) -> Generator[Any, Any, Call]:
+        """Submit one call of ``program``; ``after``: the calls that produce its inputs."""
+        sim, c = self.sim, self.sim.costs
+        sched = sim.schedule(program)
+        done = self.cpu.book(sim.clock.now, c.client_call_s + c.client_host_s * sched.n_hosts)
+        yield sim.clock.sleep_until(done)
+        deps = [after] if isinstance(after, Call) else list(after or ())
+        call = Call(f"p{next(sim.ids)}", self.id, sched, frozenset(d.pid for d in deps), sim.clock.now,
+                    done=sim.clock.event())
+        self.calls.append(call)
+        sim.calls[call.pid] = call
+        sim.clock.at(sim.clock.now + c.message_s, sim.arrive, call, self.weight)
+        return call
+
+    def result(self, call: Call) -> Generator[Any, Any, float]:
+        """Wait for ``call``'s result and fetch it; returns the time it came."""
+        assert call.done is not None
+        yield call.done
+        yield self.sim.clock.sleep_until(self.cpu.book(self.now, self.sim.costs.result_s))
+        return self.now
+
+    def mc(self, program: Program, iterations: int) -> Generator[Any, Any, float]:
+        """Multi-controller: every host registers ``program`` ``iterations`` times with its own
+        runtime and its devices run them; returns the seconds from the first registration to
+        the last host's end, as ``run_multicontroller`` measures them."""
+        sim, c = self.sim, self.sim.costs
+        sched = sim.schedule(program)
+        start = sim.clock.now
+        per = c.mc_call_s + c.mc_op_s * sched.ops_per_host
+        ready = np.empty((iterations, sched.n_hosts))
+        if sim.hosts.shared is not None:  # one event loop: each host's loop runs to its end in turn
+            for h in range(sched.n_hosts):
+                for i in range(iterations):
+                    ready[i, h] = sim.hosts.shared.book(start, float(per[h]))
+        else:
+            for i in range(iterations):
+                ready[i] = sim.hosts.book(sched.hosts, start, per)
+        end = start
+        for i in range(iterations):
+            end = max(end, float(sim.engine.run(sched, ready[i], f"mc{next(sim.ids)}", self.id).max()))
+        yield sim.clock.sleep_until(end)
+        return end - start
+
+    def mark(self, name: str, value: Any = None) -> None:
+        """Note ``value`` (default: now) under ``name``, for the caller of the simulation."""
+        self.marks[name] = self.now if value is None else value
+
+
+@dataclass
+class SimResult:
+    """What a simulation gives: what a real run gives (a trace, transfers, stats) and more."""
+
+    topology: Topology
+    costs: CostModel
+    end: float  # virtual seconds simulated
+    events: int  # simpy events processed
+    device_ops: int  # ops run by devices (one per device per gang)
+    wall_s: float
+    tenants: dict[str, Tenant]
+    calls: list[Call]
+    stats: dict[str, Any]
+    gangs: dict[str, list[Any]] = field(repr=False)
+    transfer_rows: list[Any] = field(repr=False)
+
+    @property
+    def trace(self) -> xr.Dataset:
+        """Device activity as the real ``client.trace()`` gives it (``trace.pathdask.plot()``)."""
+        names = {t.id: t.name for t in self.tenants.values()}
+        return to_dataset({"gangs": self.gangs, "clients": names,
+                           "devices": list(range(self.topology.num_devices))})
+
+    @property
+    def transfers(self) -> xr.Dataset:
+        return transfers_dataset(self.transfer_rows)
+
+    @property
+    def events_per_s(self) -> float:
+        return (self.events + self.device_ops) / self.wall_s if self.wall_s else float("nan")
+
+    def by_name(self, name: str) -> Tenant:
+        return next(t for t in self.tenants.values() if t.name == name)
+
+
+class Simulation:
+    """One simulated system: a topology, a cost model, a policy; add clients, then :meth:`run`."""
+
+    def __init__(self, topology: Topology, costs: CostModel | None = None, policy: str = "fifo",
+                 trace_gangs: int = 20000, overlap: bool = True) -> None:
+        self.topology = topology
+        self.costs = costs if costs is not None else CostModel.load()
+        self.clock = Clock()
+        self.islands = IslandScheduler(policy)
+        self.overlap = overlap
+        shared = Processor("shared") if self.costs.shared_cpu else None
+        self.engine = DeviceEngine(topology, self.costs, trace_gangs, shared)
+        self.shared = shared
+        self.scheduler_cpu = shared or Processor("scheduler")
+        self.hosts = Hosts(topology.num_hosts, shared)
+        self.tenants: dict[str, Tenant] = {}
+        self.calls: dict[str, Call] = {}
+        self.ids = itertools.count()
+        self.order: deque[Call] = deque()  # slotted, not yet run, in slot order
+        self._wake: float | None = None
+
+    def schedule(self, program: Program) -> Schedule:
+        return compile_schedule(program, self.topology, self.overlap)
+
+    def client(self, name: str, script: Script, weight: float = 1.0) -> Tenant:
+        """Add a client running ``script``."""
+        t = Tenant(self, name, weight, self.shared or Processor(name))
+        self.tenants[t.id] = t
+        self.clock.process(script(t))
+        return t
+
+    def run(self, until: float | None = None) -> SimResult:
+        """Run until every client's script ended (or ``until`` virtual seconds)."""
+        wall = time.perf_counter()
+        self.clock.run(until)
+        wall = time.perf_counter() - wall
+        stats = self.engine.stats()
+        stats["scheduler"] = self.islands.info()
+        stats["clients"] = {t.id: {"name": t.name, "done": self.islands.done.get(t.id, 0),
+                                   "busy_s": self.engine.client_busy.get(t.id, 0.0)}
+                            for t in self.tenants.values()}
+        rows = [(t.start, t.end, t.src, t.dst, t.link, t.nbytes) for t in self.engine.links.transfers]
+        return SimResult(self.topology, self.costs, self.clock.now, self.clock.events, self.engine.device_ops,
+                         wall, self.tenants, list(self.calls.values()), stats, self.engine.gangs(), rows)
+
+    # -- the scheduler --------------------------------------------------------------
+    def arrive(self, call: Call, weight: float) -> None:
+        c = self.costs
+        done = self.scheduler_cpu.book(self.clock.now, c.scheduler_call_s + c.scheduler_host_s * call.schedule.n_hosts)
+        self.clock.at(done, self._submit, call, weight)
+
+    def _submit(self, call: Call, weight: float) -> None:
+        c, sched = self.costs, call.schedule
+        call.dispatched = self.hosts.book(sched.hosts, self.clock.now + c.message_s,
+                                          c.host_dispatch_s + c.host_op_s * sched.ops_per_host)
+        sub = Submission(call.pid, call.client, sched.host_devices, sched.cost, call.deps)
+        self._slotted(self.islands.submit(sub, weight))
+
+    def _slotted(self, slotted: list[tuple[int, Submission]]) -> None:
+        for slot, sub in slotted:
+            call = self.calls[sub.pid]
+            call.slot, call.order_at = slot, self.clock.now + self.costs.message_s
+            self.order.append(call)
+        self._advance()
+
+    def _advance(self) -> None:
+        """Run the slotted programs, in slot order, whose hosts all have them by now."""
+        now = self.clock.now
+        while self.order:
+            call = self.order[0]
+            assert call.dispatched is not None and call.order_at is not None
+            ready = np.maximum(call.dispatched, call.order_at)
+            when = float(ready.max())
+            if when > now:
+                if self._wake is None or self._wake > when or self._wake <= now:
+                    self._wake = when
+                    self.clock.at(when, self._advance)
+                return
+            self.order.popleft()
+            call.started = float(ready.min())
+            done = max(now, float(self.engine.run(call.schedule, ready, call.pid, call.client).max()))
+            self.clock.at(done + self.costs.message_s, self._program_done, call)
+
+    def _program_done(self, call: Call) -> None:
+        slotted = []
+        for addr in call.schedule.host_devices:
+            slotted += self.islands.host_done(call.pid, addr)
+        call.done_at = self.clock.now
+        assert call.done is not None
+        self.clock.at(self.clock.now + self.costs.message_s, call.done.succeed)
+        self._slotted(slotted)
+
+
+def simulate(topology: Topology, clients: Iterable[ClientScript], costs: CostModel | None = None,
+             policy: str = "fifo", until: float | None = None, trace_gangs: int = 20000,
+             window: tuple[float, float] | None = None) -> SimResult:
+    """Simulate ``clients`` on ``topology``: the real lowering, policies and link model on a
+    virtual clock. ``window``: the span over which each client's device time is summed
+    (``stats["clients"][id]["busy_s"]``).
+
+    Examples
+    --------
+    >>> topo = pw.Topology(islands=1, hosts_per_island=512, devices_per_host=4)   # doctest: +SKIP
+    >>> result = simulate(topo, [ClientScript("bench", opbyop)])                  # doctest: +SKIP
+    >>> result.trace.pathdask.plot()                                              # doctest: +SKIP
+    """
+    sim = Simulation(topology, costs, policy, trace_gangs)
+    sim.engine.window = window
+    for c in clients:
+        sim.client(c.name, c.script, c.weight)
+    return sim.run(until)

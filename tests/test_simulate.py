@@ -1,0 +1,115 @@
+"""pathdask.simulate: exact basics on the virtual clock, and a small validation against a real run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pathdask as pw
+from pathdask import P, function
+from pathdask.dashboard.trace import VARIABLES
+from pathdask.pipeline import Pipeline, Stage
+from pathdask.simulate import AbstractArray, ClientScript, CostModel, abstract_mesh, simulate
+from pathdask.simulate.figures import reach_95
+from pathdask.simulate.workloads import dispatch_programs, dispatch_rate, shares, traced
+
+FREE = CostModel(**{f: 0.0 for f in ("client_call_s", "client_host_s", "scheduler_call_s", "scheduler_host_s",
+                                     "host_dispatch_s", "host_op_s", "device_op_s", "exchange_s",
+                                     "exchange_host_s", "message_s", "result_s", "mc_call_s", "mc_op_s")})
+
+
+def _one_call(topo: pw.Topology, prog: Any, costs: CostModel = FREE) -> Any:
+    def script(h: Any) -> Any:
+        call = yield from h.call(prog)
+        yield from h.result(call)
+        h.mark("end")
+
+    return simulate(topo, [ClientScript("a", script)], costs)
+
+
+def test_chain_on_one_device_is_the_exact_sum_of_its_costs() -> None:
+    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
+    mesh = abstract_mesh(topo, {"x": 1})
+    gangs = [function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=c, name=f"g{i}")
+             for i, c in enumerate((1e-3, 2e-3, 5e-3))]
+
+    def chain(x: Any) -> Any:
+        for g in gangs:
+            x = g(x)
+        return x
+
+    result = _one_call(topo, traced(chain, topo, AbstractArray((4,), "f8", mesh, P("x")), name="chain"))
+    assert result.by_name("a").marks["end"] == pytest.approx(8e-3, abs=1e-12)
+    trace = result.trace
+    assert set(trace.data_vars) == set(VARIABLES) and trace.sizes["event"] == 3
+    assert list(trace.gang.values[0]) == ["g0", "g1", "g2"]
+    busy = (trace.end - trace.start).sum("event").values[0] / np.timedelta64(1, "s")
+    assert busy == pytest.approx(8e-3)
+    trace.pathdask.plot()  # the real plot reads a simulated trace
+
+
+def test_control_costs_add_up_for_one_call() -> None:
+    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
+    mesh = abstract_mesh(topo, {"x": 1})
+    g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=1e-3, name="g")
+    costs = CostModel(client_call_s=1e-3, client_host_s=0, scheduler_call_s=2e-3, scheduler_host_s=0,
+                      host_dispatch_s=3e-4, host_op_s=0, device_op_s=0, exchange_s=0, exchange_host_s=0,
+                      message_s=1e-4, result_s=5e-4)
+    result = _one_call(topo, traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p"), costs)
+    # client, message, scheduler, message, host, kernel, message, message, result
+    assert result.by_name("a").marks["end"] == pytest.approx(1e-3 + 1e-4 + 2e-3 + 1e-4 + 3e-4 + 1e-3 + 2e-4 + 5e-4)
+
+
+def test_gpipe_efficiency_is_m_over_m_plus_s_minus_1() -> None:
+    stages, micro = 4, 8
+    topo = pw.Topology(islands=1, hosts_per_island=stages, devices_per_host=1)
+    meshes = [abstract_mesh(topo, {"d": 1}, first=s) for s in range(stages)]
+    fwd = function(lambda w, x: x * w, in_specs=(P(), P()), out_specs=P(), cost=1e-3, name="f")
+    bwd = function(lambda w, x, dy: (dy * x, dy * w), in_specs=(P(), P(), P()), out_specs=(P(), P()), cost=2e-3,
+                   name="b")
+    loss = function(lambda y, t: (np.mean(y - t), y - t), in_specs=(P(), P()), out_specs=(P(), P()), name="l")
+    pipe = Pipeline([Stage(fwd, bwd, m) for m in meshes], loss, micro, schedule="gpipe", accumulate="final")
+    params = [AbstractArray((4,), "f8", m) for m in meshes]
+    xs = [AbstractArray((4,), "f8", meshes[0]) for _ in range(micro)]
+    ys = [AbstractArray((4,), "f8", meshes[-1]) for _ in range(micro)]
+    result = _one_call(topo, traced(pipe.program, topo, *params, *xs, *ys))
+    makespan = result.by_name("a").marks["end"]
+    assert micro * 3e-3 / makespan == pytest.approx(micro / (micro + stages - 1), rel=1e-2)
+
+
+def test_proportional_share_gives_the_weights() -> None:
+    topo = pw.Topology(islands=1, hosts_per_island=2, devices_per_host=2)
+    costs = CostModel.load().cluster()
+    # gangs long enough that the devices, not the control plane, are the bottleneck: a backlog to share
+    got, _ = shares(topo, costs, (1, 3), cost=1e-2, gangs=4, inflight=4, seconds=5.0)
+    assert got == pytest.approx([0.25, 0.75], abs=0.03)
+    fifo, _ = shares(topo, costs, (1, 1), cost=1e-2, gangs=4, inflight=4, seconds=5.0)
+    assert fifo == pytest.approx([0.5, 0.5], abs=0.03)
+
+
+def test_reach_95_interpolates_on_a_log_scale() -> None:
+    assert reach_95([1e-3, 1e-2, 1e-1], [10, 90, 100], [100, 100, 100]) == pytest.approx(1e-2 * 10 ** 0.5)
+    assert reach_95([1e-3], [10], [100]) is None
+
+
+def test_small_validation_against_a_real_run() -> None:
+    """Chained 10 ms gangs on the default topology: simulated within 15% of the real system."""
+    from pathdask.bench.dispatch import Kernels, _mc_run, _pathdask_run
+    from pathdask.system import LocalSystem, default_topology
+
+    topo, k, cost = default_topology(), 16, 1e-2
+    costs = CostModel.load().embedded()
+    programs = dispatch_programs(topo, cost, k)
+    kernels = Kernels(cost, k)
+    with LocalSystem(topo, processes=False, dashboard_address=None) as system:
+        client = system.client(name="validate")
+        mesh = client.mesh({"x": topo.devices_per_island}, island=0)
+        x = client.put(np.zeros(mesh.size), mesh, P("x"))
+        for name, run in (("pathdask", lambda: _pathdask_run(kernels, x, "Chained", "parallel")),
+                          ("multi-controller", lambda: _mc_run(client, kernels, x, "Chained"))):
+            run()
+            real = k / min(run() for _ in range(2))
+            sim, _ = dispatch_rate(topo, costs, programs, "Chained", k, name)
+            assert abs(sim - real) / real < 0.15, (name, real, sim)
