@@ -23,7 +23,7 @@ from dask._task_spec import GraphNode, Task, TaskRef
 if TYPE_CHECKING:
     from distributed import Scheduler
 
-__all__ = ["supported", "create_calls", "call_keys"]
+__all__ = ["supported", "create_calls", "call_keys", "as_key"]
 
 
 def supported(scheduler: Scheduler) -> bool:
@@ -31,7 +31,7 @@ def supported(scheduler: Scheduler) -> bool:
     return callable(getattr(scheduler, "_create_taskstate_from_graph", None))
 
 
-def _key(key: Any) -> Any:
+def as_key(key: Any) -> Any:
     """Keys arrive as lists through msgpack; Dask's keys are tuples."""
     return tuple(key) if isinstance(key, list) else key
 
@@ -53,16 +53,16 @@ def create_calls(scheduler: Scheduler, client: str, calls: list[dict[str, Any]],
         pid = call["pid"]
         args = tuple((str(p), int(v)) for p, v in call["inputs"])
         for addr, plan_id, dkey, handle, outs in call["hosts"]:
-            dkey = _key(dkey)
+            dkey = as_key(dkey)
             dsk[dkey] = Task(dkey, dispatch_task, pid, plan_id, args, client, False, handle)
             workers[dkey] = [addr]
             for okey, j in outs:
-                okey = _key(okey)
+                okey = as_key(okey)
                 dsk[okey] = Task(okey, output_task, pid, j, TaskRef(dkey))
                 workers[okey] = [addr]
     for call in calls:  # in call order: a call never takes a slot before the calls it reads
         program = call["program"]
-        slot({**program, "outputs": [(_key(k), a, j) for k, a, j in program["outputs"]]})
+        slot({**program, "outputs": [(as_key(k), a, j) for k, a, j in program["outputs"]]})
     scheduler._create_taskstate_from_graph(
         start=time.time(), dsk=dsk, keys=set(dsk), ordered={k: i for i, k in enumerate(dsk)},
         client=client,
@@ -74,4 +74,4 @@ def create_calls(scheduler: Scheduler, client: str, calls: list[dict[str, Any]],
 
 def call_keys(call: dict[str, Any]) -> list[Any]:
     """Every key a call creates."""
-    return [_key(k) for _addr, _plan, dkey, _handle, outs in call["hosts"] for k in [dkey, *(o for o, _ in outs)]]
+    return [as_key(k) for _addr, _plan, dkey, _handle, outs in call["hosts"] for k in [dkey, *(o for o, _ in outs)]]

@@ -25,7 +25,8 @@ from ..errors import DeviceLostError, DispatchError
 from ..ops import dispatched_program
 from ..streams import tighten
 from ..topology import Topology
-from .calls import call_keys, create_calls, supported
+from ..worker.links import add_stats
+from .calls import as_key, call_keys, create_calls, supported
 from .interruptions import TOPIC, Interruptions
 from .order import IslandScheduler, Submission, make_policy
 from .resources import ResourceManager
@@ -299,7 +300,7 @@ class PathwaysScheduler(SchedulerPlugin):
     def _submit(self, client: str, info: dict[str, Any]) -> None:
         """Slot a program from its ``pathdask`` annotation (``lowering._annotation``)."""
         for key, addr, j in info["outputs"]:
-            self.output_owners[_key(key)] = (addr, info["pid"], j)
+            self.output_owners[as_key(key)] = (addr, info["pid"], j)
         sub = Submission(info["pid"], client, info["hosts"], info.get("cost", 0.0),
                          frozenset(info.get("deps", ())))
         gone = sorted(set(sub.hosts) - set(self.resources.hosts))
@@ -524,11 +525,6 @@ class PathwaysScheduler(SchedulerPlugin):
         return _merge(replies)
 
 
-def _key(key: Any) -> Any:
-    """Keys arrive as lists through msgpack; the scheduler's keys are tuples."""
-    return tuple(key) if isinstance(key, list) else key
-
-
 def _merge(replies: dict[str, Any]) -> dict[str, Any]:
     """One ``device_stats()`` from every host's: devices, link classes and NICs.
 
@@ -544,9 +540,7 @@ def _merge(replies: dict[str, Any]) -> dict[str, Any]:
             continue
         devices.update({int(k): v for k, v in reply["devices"].items()})
         for cls, v in reply["links"].items():
-            agg = links.setdefault(cls, {})
-            for k, n in v.items():
-                agg[k] = max(agg.get(k, 0), n) if k.startswith("longest") else agg.get(k, 0) + n
+            add_stats(links.setdefault(cls, {}), v)
         for host, sides in reply.get("nics", {}).items():
             nics.setdefault(host, {}).update(sides)  # a NIC's two sides are booked on its own host
         programs += reply["programs"]

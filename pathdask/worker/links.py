@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..topology import LINK_CLASSES, DeviceInfo, Link, Topology, device_info
-from .bounded import newest
 
-#: kinds of ports; ``nic-*`` ports are per host, the others per device
-PORTS = ("ici-out", "ici-in", "nic-out", "nic-in", "copy-in")
-#: (port kind at the sender, port kind at the receiver) per link class
+#: (port kind at the sender, port kind at the receiver) per link class; ``nic-*`` ports are
+#: per host, the others per device
 SIDES: dict[str, tuple[str | None, str]] = {
     "same_host": (None, "copy-in"), "ici": ("ici-out", "ici-in"), "dcn": ("nic-out", "nic-in")}
+#: the link class of each receiving port kind
+RECEIVING = {receiving: cls for cls, (_, receiving) in SIDES.items()}
 
 
 @dataclass
@@ -47,13 +47,15 @@ class Port:
     free_at: float = 0.0
     ends: deque[float] = field(default_factory=deque)  # modelled ends of the transfers it holds
     bytes: int = 0
+    modelled_bytes: int = 0
     transfers: int = 0
     busy_s: float = 0.0
     longest_queue: int = 0  # transfers already on the port when one more came, at most
     longest_wait_s: float = 0.0  # modelled wait before a transfer could start, at most
 
-    def book(self, ready: float, seconds: float, nbytes: int) -> float:
-        """Hold the port for ``seconds`` from ``ready`` or when it is free; returns the start."""
+    def book(self, ready: float, seconds: float, nbytes: int, scale: float) -> float:
+        """Hold the port for ``seconds`` from ``ready`` or when it is free; returns the start.
+        ``nbytes`` real bytes pass, timed as ``scale`` times as many."""
         ends = self.ends
         while ends and ends[0] <= ready:
             ends.popleft()
@@ -63,13 +65,21 @@ class Port:
         self.free_at = begin + seconds
         ends.append(self.free_at)
         self.bytes += nbytes
+        self.modelled_bytes += int(nbytes * scale)
         self.transfers += 1
         self.busy_s += seconds
         return begin
 
     def stats(self) -> dict[str, Any]:
-        return {"bytes": self.bytes, "transfers": self.transfers, "busy_s": self.busy_s,
-                "longest_queue": self.longest_queue, "longest_wait_s": self.longest_wait_s}
+        return {"bytes": self.bytes, "modelled_bytes": self.modelled_bytes, "transfers": self.transfers,
+                "busy_s": self.busy_s, "longest_queue": self.longest_queue, "longest_wait_s": self.longest_wait_s}
+
+
+def add_stats(into: dict[str, Any], more: dict[str, Any]) -> None:
+    """Add port or link-class stats into ``into``: counts add up, the longest queue and wait
+    are maxima."""
+    for k, v in more.items():
+        into[k] = max(into.get(k, 0), v) if k.startswith("longest") else into.get(k, 0) + v
 
 
 def host_label(d: DeviceInfo) -> str:
@@ -98,17 +108,13 @@ class LinkModel:
         self.topology = topology
         self.lock = threading.Lock()
         self.ports: dict[tuple[str, Any], Port] = {}
-        self.classes: dict[str, dict[str, Any]] = {c: _empty() for c in LINK_CLASSES}
         #: (source device, destination device) -> bytes that arrived over a link
         self.pair_bytes: dict[tuple[int, int], int] = {}
-        #: recent transfers that arrived here; ``recorded`` counts every one ever
+        #: recent transfers that arrived here
         self.transfers: deque[Transfer] = deque(maxlen=log)
-        self.recorded = 0
         self._infos: dict[int, DeviceInfo] = {}
 
-    def _info(self, device: int | DeviceInfo) -> DeviceInfo:
-        if isinstance(device, DeviceInfo):
-            return device
+    def _info(self, device: int) -> DeviceInfo:
         info = self._infos.get(device)
         if info is None:
             info = self._infos[device] = device_info(self.topology, device)
@@ -133,7 +139,7 @@ class LinkModel:
         if link is None or side is None:
             return start
         with self.lock:
-            return self._port(side, src).book(start, nbytes * scale / link.bandwidth, nbytes)
+            return self._port(side, src).book(start, nbytes * scale / link.bandwidth, nbytes, scale)
 
     def arrival(self, src: int, dst: DeviceInfo, nbytes: int, ready: float, scale: float = 1.0) -> float:
         """Book the receiver's port for a piece that may start to move at ``ready``; returns
@@ -144,26 +150,24 @@ class LinkModel:
             return ready
         seconds = nbytes * scale / link.bandwidth
         with self.lock:
-            port = self._port(SIDES[cls][1], dst)
-            begin = port.book(ready, seconds, nbytes)
-            agg = self.classes[cls]
-            agg["bytes"] += nbytes
-            agg["modelled_bytes"] += int(nbytes * scale)
-            agg["transfers"] += 1
-            agg["busy_s"] += seconds
-            agg["longest_queue"] = max(agg["longest_queue"], port.longest_queue)
-            agg["longest_wait_s"] = max(agg["longest_wait_s"], port.longest_wait_s)
+            begin = self._port(SIDES[cls][1], dst).book(ready, seconds, nbytes, scale)
             self.pair_bytes[(src, dst.id)] = self.pair_bytes.get((src, dst.id), 0) + nbytes
             end = begin + seconds + link.latency
             self.transfers.append(Transfer(begin, end, src, dst.id, cls, nbytes))
-            self.recorded += 1
         return end
 
     def stats(self) -> dict[str, dict[str, Any]]:
-        """Per link class (what arrived here): bytes, modelled bytes, transfers, busy seconds,
-        and the longest queue (transfers) and wait (seconds) any of its ports saw."""
+        """Per link class, summed over the receiving ports of this host (what arrived here):
+        bytes, modelled bytes, transfers, busy seconds, and the longest queue (transfers) and
+        wait (seconds) any of those ports saw."""
+        out = {c: Port().stats() for c in LINK_CLASSES}
         with self.lock:
-            return {c: dict(v) for c, v in self.classes.items()}
+            for (kind, _), port in self.ports.items():
+                cls = RECEIVING.get(kind)
+                if cls is None:
+                    continue  # a sending port: its traffic is counted where it arrives
+                add_stats(out[cls], port.stats())
+        return out
 
     def nics(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Per host NIC that this host's devices used: its ``send`` and ``recv`` port stats."""
@@ -179,17 +183,13 @@ class LinkModel:
         with self.lock:
             return [(s, d, n) for (s, d), n in self.pair_bytes.items()]
 
-    def transfers_after(self, cursor: int) -> tuple[list[Transfer], int]:
-        """The transfers recorded since ``cursor`` (a previous return's count) and the new count."""
+    def recent(self) -> list[Transfer]:
+        """The recent transfers that arrived here, oldest first."""
         with self.lock:
-            return newest(self.transfers, self.recorded, cursor), self.recorded
+            return list(self.transfers)
 
     def reset(self) -> None:
+        """Forget the recent transfers (the port stats stay)."""
         with self.lock:
             self.transfers.clear()
-
-
-def _empty() -> dict[str, Any]:
-    return {"bytes": 0, "modelled_bytes": 0, "transfers": 0, "busy_s": 0.0, "longest_queue": 0,
-            "longest_wait_s": 0.0}
 

@@ -546,8 +546,7 @@ class HostRuntime(WorkerPlugin):
     def transfers(self) -> list[tuple[float, float, int, int, str, int]]:
         """The modelled transfers that arrived here (start, end, src, dst, link, bytes), wall-clock."""
         offset = time.time() - time.perf_counter()
-        records, _ = self.links.transfers_after(0)
-        return [(t.start + offset, t.end + offset, *t[2:]) for t in records]
+        return [(t.start + offset, t.end + offset, *t[2:]) for t in self.links.recent()]
 
     def reset_observations(self) -> None:
         """Forget recorded gaps, timelines and transfers (benchmarks call this between runs)."""
