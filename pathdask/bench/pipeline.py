@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import P, function, program
+from .. import P, all_gather, axis_index, axis_size, function, program
 from ..demo import load_graph
 from ..pipeline import Pipeline, Stage
 from ..system import LocalSystem
@@ -48,6 +48,7 @@ from ..topology import Topology
 from .report import table, write_json
 
 Echo = Callable[[str], Any]
+LR = 0.01  # every row's SGD step
 
 
 @dataclass
@@ -87,8 +88,8 @@ def _topology(cfg: Config, islands: int) -> Topology:
 class Bench:
     """What every row shares: the model, its parameters and the batch."""
 
-    def __init__(self, cfg: Config, echo: Echo) -> None:
-        self.cfg, self.echo = cfg, echo
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
         self.tr = load_graph("transformer")
         self.model = self.tr.Config(**cfg.computed)
         self.modelled = _modelled(self.tr)
@@ -121,7 +122,7 @@ def _wait(arrays: Sequence[Any]) -> None:
 # -- the rows ------------------------------------------------------------------------
 def spmd(b: Bench, client: Any) -> float:
     mesh = client.mesh({"data": b.cfg.devices})
-    step = b.tr.make_train_step(b.model, lr=0.01, modelled=b.modelled)
+    step = b.tr.make_train_step(b.model, lr=LR, modelled=b.modelled)
     params = client.put(b.tr.pack(b.params), mesh, P())
     tokens, targets = (client.put(a, mesh, P("data", None)) for a in (b.tokens, b.targets))
     state = [params]
@@ -136,7 +137,7 @@ def spmd(b: Bench, client: Any) -> float:
 def pipelined(b: Bench, client: Any, stages: int, islands: int) -> tuple[float, Pipeline]:
     """One pipeline of ``stages`` stages over ``islands`` islands (stages in order, island by island)."""
     per_island = stages // islands
-    fns = [b.tr.make_stage(b.model, s, stages, b.modelled, lr=0.01) for s in range(stages)]
+    fns = [b.tr.make_stage(b.model, s, stages, b.modelled, lr=LR) for s in range(stages)]
     meshes = [client.mesh({"data": b.cfg.devices // stages}, island=s // per_island) for s in range(stages)]
     micro = 4 * stages
     examples = b.cfg.batch // micro
@@ -158,8 +159,6 @@ def pipelined(b: Bench, client: Any, stages: int, islands: int) -> tuple[float, 
 @function(in_specs=P(), out_specs=P("data"), name="my_part")
 def _my_part(g: np.ndarray) -> np.ndarray:
     """This device's part of a replicated flat gradient, zero-padded to split evenly (no data moves)."""
-    from ..collectives import axis_index, axis_size
-
     n = -(-g.shape[0] // axis_size("data"))
     i = axis_index("data")
     part = g[i * n:(i + 1) * n]
@@ -169,21 +168,16 @@ def _my_part(g: np.ndarray) -> np.ndarray:
 def data_parallel(b: Bench, client: Any, islands: int) -> float:
     """Each island trains on its share of the batch; gradients meet over DCN, chunk by chunk."""
     cfg, tr = b.cfg, b.tr
-    chunks = [tr.make_stage(b.model, c, cfg.chunks, b.modelled, lr=0.01) for c in range(cfg.chunks)]
+    chunks = [tr.make_stage(b.model, c, cfg.chunks, b.modelled, lr=LR) for c in range(cfg.chunks)]
     meshes = [client.mesh({"data": cfg.devices // islands}, island=i) for i in range(islands)]
-    lr = 0.01
-
     @function(in_specs=(P(), P(), P("data")), out_specs=P(), name="apply")
     def apply_two(params: np.ndarray, mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
         """SGD with the mean of this island's gradient and the other's (gathered over ICI)."""
-        from ..collectives import all_gather
-
         other = all_gather(theirs, "data", tiled=True)[: params.shape[0]]
-        return params - lr * (mine + other) / 2
+        return params - LR * (mine + other) / 2
 
-    def loss_of(c: Any) -> Any:
-        return c.loss
-
+    last_loss = chunks[-1].loss
+    assert last_loss is not None  # the last chunk holds the loss
     @program
     def step(*arrays: Any) -> tuple[Any, ...]:
         k = cfg.chunks
@@ -196,7 +190,7 @@ def data_parallel(b: Bench, client: Any, islands: int) -> float:
             acts = [tokens[i]]
             for c in range(k):
                 acts.append(chunks[c].forward(params[i][c], acts[-1]))
-            loss, dy = loss_of(chunks[-1])(acts[-1], targets[i])
+            loss, dy = last_loss(acts[-1], targets[i])
             losses.append(loss)
             for c in reversed(range(k)):
                 grads[i][c], dy = chunks[c].backward(params[i][c], acts[c], dy)
@@ -225,7 +219,7 @@ def data_parallel(b: Bench, client: Any, islands: int) -> float:
 # -- the run -------------------------------------------------------------------------
 def run(cfg: Config, out: str = "bench-results", echo: Echo = print) -> dict[str, Any]:
     """Run every row on real LocalSystems (threads), print the table, write JSON and traces."""
-    b = Bench(cfg, echo)
+    b = Bench(cfg)
     echo(f"pathdask bench pipeline: {cfg.devices} devices, batch {cfg.batch} x {b.modelled.seq} modelled "
          f"tokens, 3B-class model ({b.modelled.params() / 1e9:.1f}e9 parameters modelled, "
          f"{b.model.d_model}-wide values computed)")

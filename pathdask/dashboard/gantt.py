@@ -85,9 +85,8 @@ def transfer_rows(fig: Any, transfers: Any, devices: Sequence[int]) -> None:
     if not dcn.sizes["transfer"]:
         return
     dst = dcn.dst.values.astype(int)
-    hosts = sorted(set(dst.tolist()))
     base = max(devices, default=-1) + 1
-    row = {d: base + i for i, d in enumerate(hosts)}
+    row = {d: base + i for i, d in enumerate(sorted(set(dst.tolist())))}
     y = np.array([row[d] for d in dst], dtype=float)
     start = dcn.start.values.astype("datetime64[ns]").astype(np.int64) / 1e6
     end = dcn.end.values.astype("datetime64[ns]").astype(np.int64) / 1e6
@@ -96,7 +95,6 @@ def transfer_rows(fig: Any, transfers: Any, devices: Sequence[int]) -> None:
                                "bytes": dcn["bytes"].values.astype(np.int64)})
     fig.quad(source=source, left="left", right="right", bottom="bottom", top="top", fill_color="#222222",
              fill_alpha=0.35, line_color="#222222", legend_label="DCN transfer")
-    ticks = [*devices, *row.values()]
-    fig.yaxis.ticker = FixedTicker(ticks=ticks)
-    fig.yaxis.major_label_overrides = {**{d: f"device {d}" for d in devices},
+    fig.yaxis.ticker = FixedTicker(ticks=[*devices, *row.values()])
+    fig.yaxis.major_label_overrides = {**fig.yaxis.major_label_overrides,  # set_devices' labels
                                        **{r: f"DCN into device {d}" for d, r in row.items()}}

@@ -87,7 +87,7 @@ def pipeline_seconds(b: Bench, topology: Topology, costs: CostModel, stages: int
 
 def table2(cfg: Config, costs: CostModel, stages: tuple[int, ...], echo: Any = print) -> list[dict[str, Any]]:
     """Table 2's rows on ``cfg.devices`` devices: SPMD and a pipeline per ``S`` in ``stages``."""
-    b = Bench(cfg, lambda _s: None)
+    b = Bench(cfg)
     topology = _topology(cfg, 1)
     rows = []
 

@@ -82,7 +82,7 @@ def tenancy_rows(costs: CostModel, small: bool, echo: Echo) -> list[dict[str, An
 
 def pipeline_rows(costs: CostModel, small: bool, echo: Echo) -> list[dict[str, Any]]:
     cfg = bench_pipeline.Config.small()
-    b = bench_pipeline.Bench(cfg, echo)
+    b = bench_pipeline.Bench(cfg)
     topology = bench_pipeline._topology(cfg, 1)
     rows: list[dict[str, Any]] = []
     with LocalSystem(topology, processes=False, dashboard_address=None) as system:
