@@ -17,7 +17,7 @@ def fail_next_dispatch(dask_worker: Any) -> None:
     rt = dask_worker.plugins["pathdask"]
     real = rt.dispatch
 
-    async def failing(*args: Any, **kwargs: Any) -> Any:
+    def failing(*args: Any, **kwargs: Any) -> Any:
         rt.dispatch = real
         raise DispatchError(f"injected fault: the dispatch on host {rt.address} failed")
 
@@ -25,10 +25,10 @@ def fail_next_dispatch(dask_worker: Any) -> None:
 
 
 def fail_next_call(dask_scheduler: Any) -> None:
-    """The scheduler fails to create the next program calls it receives (run it with
-    ``client.dask.run_on_scheduler``); their programs must still end, with a typed error."""
-    def failing(**kwargs: Any) -> Any:
-        del dask_scheduler._create_taskstate_from_graph  # the next ones go through again
-        raise RuntimeError("injected fault: the scheduler could not create the call's tasks")
+    """The scheduler fails to create the next program call it receives (run it with
+    ``client.dask.run_on_scheduler``); its program must still end, with a typed error."""
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        del dask_scheduler.new_task  # the next ones go through again
+        raise RuntimeError("injected fault: the scheduler could not create the call's keys")
 
-    dask_scheduler._create_taskstate_from_graph = failing
+    dask_scheduler.new_task = failing

@@ -40,6 +40,11 @@ def gang_key(pid: str, gang: int, device: int) -> tuple[str, str, int, int]:
     return (GANG, pid, gang, device)
 
 
+def as_key(key: Any) -> Any:
+    """Keys arrive as lists through msgpack; Dask's keys are tuples."""
+    return tuple(key) if isinstance(key, list) else key
+
+
 def dispatched_program(key: Any) -> str | None:
     """The program whose dispatch task ``key`` is, if it is one."""
     return str(key[1]) if isinstance(key, tuple) and len(key) == 3 and key[0] == DISPATCH else None

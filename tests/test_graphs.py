@@ -18,7 +18,7 @@ from pathdask import P
 from pathdask.client.calls import build_call
 from pathdask.client.graph import layered_graph
 from pathdask.client.lowering import fuse, lower
-from pathdask.ops import KernelOp, ReshardOp, dispatched_program
+from pathdask.ops import KernelOp, ReshardOp
 
 COST = 1e-4
 
@@ -115,12 +115,17 @@ def test_submitted_graph_is_the_fusion_of_the_layered_graph(system, client, mesh
         np.testing.assert_array_equal(y.result(), np.full((8, 4), 3.0))
         assert total.result() == 64.0
         received = client.dask.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["graph-log"].graphs)
+        pid = y._pid
+        made = client.dask.run_on_scheduler(lambda dask_scheduler: sorted(
+            (str(k), ts.state, ts.run_spec is None) for k, ts in dask_scheduler.tasks.items()
+            if isinstance(k, tuple) and pid in k))
     finally:
         client.dask.unregister_scheduler_plugin("graph-log")
-    _, keys, _ = build_call(y._pid, plans, (x.key,))
-    assert received == [sorted(map(str, keys))]  # exactly the fused program's tasks were created
-    dispatch = [k for k in keys if dispatched_program(k) == y._pid]
-    assert len(dispatch) == len(hosts)  # one dispatch task per host, however many gangs and shards
+    call, keys, _ = build_call(y._pid, plans, (x.key,))
+    assert received == []  # a call is no graph: the scheduler made exactly its output keys
+    assert made == sorted((str(k), "memory", True) for k in keys)
+    assert len(keys) == sum(len(p.owned) for p in plans.values())  # an output key per output and host
+    assert [(a, p) for a, p, _ in call["hosts"]] == [(a, p.id) for a, p in plans.items()]  # a plan id per host
     del y, total, x
 
 

@@ -3,7 +3,6 @@ client, delayed order messages. Faults are injected into the live plugins, gated
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing
 import os
 import signal
@@ -116,25 +115,23 @@ def test_a_missing_plan_fails_fast_with_a_typed_error(fsystem):
 
 
 def _hold_dispatch(client: pw.Client, addr: str) -> None:
-    """The next dispatch on ``addr`` waits until ``_release_dispatch`` (an asyncio event)."""
+    """The next call that reaches ``addr`` waits there until ``_release_dispatch``."""
 
     def hold(dask_worker: Any) -> None:
-        rt = dask_worker.plugins["pathdask"]
-        real, gate = rt.dispatch, asyncio.Event()
-        rt.test_gate = gate
+        real, held = dask_worker.stream_handlers["pathdask-dispatch"], []
 
-        async def held(*args: Any, **kwargs: Any) -> Any:
-            rt.dispatch = real
-            await gate.wait()
-            return await real(*args, **kwargs)
+        def holding(**msg: Any) -> None:
+            dask_worker.stream_handlers["pathdask-dispatch"] = real
+            held.append(msg)
 
-        rt.dispatch = held
+        dask_worker.plugins["pathdask"].test_release = lambda: [real(**msg) for msg in held]
+        dask_worker.stream_handlers["pathdask-dispatch"] = holding
 
     _on_worker(client, addr, hold)
 
 
 def _release_dispatch(client: pw.Client, addr: str) -> None:
-    _on_worker(client, addr, lambda dask_worker: dask_worker.plugins["pathdask"].test_gate.set())
+    _on_worker(client, addr, lambda dask_worker: dask_worker.plugins["pathdask"].test_release())
 
 
 def test_a_client_closed_between_slotting_and_dispatch_leaves_nothing_waiting(fsystem):

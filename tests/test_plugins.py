@@ -7,7 +7,7 @@ from pathdask.scheduler.plugin import HANDLERS
 WORKER_HANDLERS = {"pathdask_stream", "pathdask_fetch", "pathdask_save", "pathdask_message", "pathdask_plans", "pathdask_diagnose", "pathdask_status", "pathdask_stats", "pathdask_wait_idle",
                    "pathdask_timeline", "pathdask_activity", "pathdask_reset_observations", "pathdask_transport",
                    "pathdask_transfers"}
-WORKER_STREAM_OPS = {"pathdask-order", "pathdask-xfer", "pathdask-chunk", "pathdask-abort", "pathdask-drop-client",
+WORKER_STREAM_OPS = {"pathdask-order", "pathdask-dispatch", "pathdask-xfer", "pathdask-chunk", "pathdask-abort", "pathdask-drop-client",
                      "pathdask-release-outputs", "pathdask-drop-programs", "pathdask-host-lost",
                      "pathdask-host-joined"}
 
@@ -19,7 +19,7 @@ def test_every_handler_is_installed(system, client):
                                 sorted(dask_scheduler.plugins)))
     handlers, stream_ops, plugins = on_scheduler
     assert set(handlers) == set(HANDLERS)
-    assert stream_ops == ["pathdask-call", "pathdask-program-done"]
+    assert stream_ops == ["pathdask-call", "pathdask-dispatch-failed", "pathdask-program-done"]
     assert "pathdask" in plugins
     per_worker = client.dask.run(
         lambda dask_worker: (sorted(h for h in dask_worker.handlers if h.startswith("pathdask_")),

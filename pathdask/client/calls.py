@@ -1,29 +1,31 @@
 """A program call as one small message on the client's stream to the scheduler.
 
-A call of a program whose plans its hosts already hold needs no graph: the
-scheduler plugin builds the call's tasks itself (``scheduler/calls.py``). So
-the message carries only what changes from call to call:
+A call of a program whose plans its hosts already hold needs no graph and no
+Dask task: the scheduler plugin creates the call's output keys itself, in
+memory on the hosts that own their buffers, and forwards the call to those
+hosts on its streams to them (``scheduler/calls.py``). So the message carries
+only what changes from call to call:
 
 - the program id, and per host the id of the plan it runs there;
 - the argument keys (the buffers its inputs read);
-- the keys of the new tasks: per host one dispatch task, whose key also owns the
-  buffers of the first program output held there, and one output task per
-  further output held there;
+- per host, the new output keys it owns, one per program output held there;
 - what the island scheduler needs to slot it (its devices, cost and producers).
 
 Calls made close together (before the client's event loop sends the first)
-travel as one message, and the scheduler creates all their tasks in one step.
-The message goes on the Dask client's own batched stream, so it stays in order
-with the client's graphs (sequential dispatch flushes waiting calls first) and
-comes before the releases of the keys it creates; the scheduler handles it in
-one event-loop tick: no graph is pickled, materialised or ordered.
+travel as one message. The message goes on the Dask client's own batched
+stream, so it stays in order with the client's graphs (sequential dispatch
+flushes waiting calls first) and comes before the releases of its argument keys;
+the scheduler forwards each call to its hosts before it forwards any release, and
+a host registers a call (counting the reads of its arguments) as the message
+comes. So an argument's buffers outlive every call that reads them, with no
+acknowledgement on the way.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..ops import HostPlan, dispatch_key
+from ..ops import HostPlan
 from .lowering import _annotation, _output_keys
 
 __all__ = ["CALL_OP", "build_call"]
@@ -42,18 +44,11 @@ def build_call(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, in
     out_keys = _output_keys(pid, plans)
     hosts = []
     keys: list[Any] = []
-    for h, (addr, plan) in enumerate(plans.items()):
+    for addr, plan in plans.items():
         assert plan.id, "a call names plans its hosts hold"
-        dkey = dispatch_key(pid, h)
-        # The dispatch task's key is also the key of the first output held here: one task
-        # fewer per host for Dask to send, run, report and release.
-        owned = list(plan.owned)
-        handle = owned.pop(0) if owned else None
-        if handle is not None:
-            out_keys[handle][addr] = dkey
-        outs = [(out_keys[j][addr], j) for j in owned]
-        hosts.append((addr, plan.id, dkey, handle, outs))
-        keys += [dkey, *(k for k, _ in outs)]
+        outs = [(out_keys[j][addr], j) for j in plan.owned]
+        hosts.append((addr, plan.id, outs))
+        keys += [k for k, _ in outs]
     call = {"pid": pid, "hosts": hosts, "inputs": [list(i) for i in inputs],
             "program": _annotation(pid, plans, out_keys, inputs)}
     return call, keys, out_keys

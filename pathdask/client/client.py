@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import threading
 import uuid
@@ -71,7 +72,11 @@ class Client:
         self._lock = threading.Lock()
         self._sending_plans = threading.Lock()  # one plan upload at a time; cached calls skip it
         self._closed = False
-        self._waiting_calls: list[dict[str, Any]] = []  # guarded by ``_lock``: calls not sent yet
+        #: guarded by ``_lock``: calls not sent yet, with the arrays they read
+        self._waiting_calls: list[tuple[dict[str, Any], tuple[ShardedArray, ...]]] = []
+        #: program ids: unique to this client, then counted (cheaper than a uuid per call)
+        self._pid_prefix = uuid.uuid4().hex[:16]
+        self._pids = itertools.count()
         info = self.dask.sync(
             self.dask.scheduler.pathdask_register_client, client=self.dask.id, name=name, weight=weight
         )
@@ -85,6 +90,9 @@ class Client:
         #: the scheduler creates the tasks of calls itself (``calls.py``); else calls submit graphs
         self._calls = bool(info.get("calls"))
         tighten(self.dask.scheduler_comm)  # calls travel on it
+
+    def _new_pid(self) -> str:
+        return f"{self._pid_prefix}{next(self._pids):08x}"
 
     @property
     def id(self) -> str:
@@ -292,7 +300,7 @@ class Client:
         mesh = sharding.mesh
         out = OutSpec(0, sharding.shard_shape, dtype.str)
         gang = GangSpec(0, "put", mesh.devices)
-        pid = uuid.uuid4().hex
+        pid = self._new_pid()
         plans: dict[str, HostPlan] = {}
         for addr in mesh.hosts:
             local = [(p, d) for p, d in enumerate(mesh.devices) if d.address == addr]
@@ -311,7 +319,7 @@ class Client:
             a._check_alive()
         self._check_meshes([v.mesh for v in program.values])
         plans = lower(program, overlap=dask.config.get("pathdask.dispatch") != "sequential")
-        pid = uuid.uuid4().hex
+        pid = self._new_pid()
         futures = self._dispatch(pid, plans, tuple(a.key for a in arrays), arrays, program)
         outs: list[ShardedArray] = []
         for j, vid in enumerate(program.outputs):
@@ -338,9 +346,7 @@ class Client:
             self._send_plans(plans)
             if self._calls and all(p.id for p in plans.values()):
                 call, keys, out_keys = build_call(pid, plans, inputs)
-                futures = self._send_call(call, keys)
-                by_key = dict(zip(keys, futures))
-                self._hold(pid, futures, keepalive)
+                by_key = dict(zip(keys, self._send_call(call, keys, keepalive)))
                 return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
             payloads: dict[str, HostPlan | str] = {a: p.id for a, p in plans.items() if p.id}
             graph, keys, out_keys = build_graph(pid, plans, inputs, self.id, payloads)
@@ -349,18 +355,21 @@ class Client:
         self._hold(pid, futures, keepalive)
         return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
 
-    def _send_call(self, call: dict[str, Any], keys: list[Any]) -> list[Future]:
+    def _send_call(self, call: dict[str, Any], keys: list[Any], reads: tuple[ShardedArray, ...]) -> list[Future]:
         """Send a call on the Dask client's stream; returns the futures of its keys.
 
         As ``distributed.Client`` does for a graph, the futures exist before the call
         goes, so that the scheduler's reports on their keys find them. Calls made before
-        the event loop sends the first go with it, as one message.
+        the event loop sends the first go with it, as one message. The arrays it ``reads``
+        are kept until it is sent: a release sent after it reaches the hosts after it.
         """
         dc = self.dask
         with dc._refcount_lock:
             futures: list[Future] = [Future(k, dc) for k in keys]
             with self._lock:
-                self._waiting_calls.append(call)
+                for a in reads:
+                    a._readers += 1
+                self._waiting_calls.append((call, reads))
                 first = len(self._waiting_calls) == 1
             if first:
                 # Queued as Dask queues each message it sends: before anything sent after this
@@ -376,9 +385,22 @@ class Client:
         (``_send_to_scheduler_safe``): queuing it again would let it fall behind them.
         """
         with self._lock:
-            calls, self._waiting_calls = self._waiting_calls, []
-        if calls:
-            self.dask._send_to_scheduler_safe({"op": CALL_OP, "calls": calls})
+            waiting, self._waiting_calls = self._waiting_calls, []
+        if not waiting:
+            return
+        self.dask._send_to_scheduler_safe({"op": CALL_OP, "calls": [call for call, _ in waiting]})
+        self._unread([a for _, reads in waiting for a in reads])
+
+    def _unread(self, arrays: list[ShardedArray]) -> None:
+        """Calls that read ``arrays`` are on their way: a deleted array that no call reads goes now."""
+        release = []
+        with self._lock:
+            for a in arrays:
+                a._readers -= 1
+                if a._deleted and a._readers == 0:
+                    release.append(a)
+        for a in release:
+            a._release()
 
     def _unsent(self, plans: dict[str, HostPlan]) -> dict[str, HostPlan]:
         """The cached plans (by host) that their host does not hold yet; marks the others used."""
@@ -452,17 +474,13 @@ class Client:
                 a._readers += 1
 
         def done(_: Any) -> None:
-            release = []
             with self._lock:
                 entry[0] -= 1
-                if entry[0] == 0:
+                last = entry[0] == 0
+                if last:
                     self._inflight.pop(pid, None)
-                    for a in keepalive:
-                        a._readers -= 1
-                        if a._deleted and a._readers == 0:
-                            release.append(a)
-            for a in release:
-                a._release()
+            if last:
+                self._unread(list(keepalive))
 
         for f in futures:
             f.add_done_callback(done)

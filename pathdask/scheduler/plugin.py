@@ -22,11 +22,11 @@ from distributed.protocol import Serialized, deserialize, to_serialize
 from distributed.protocol.pickle import dumps
 
 from ..errors import DeviceLostError, DispatchError
-from ..ops import dispatched_program
+from ..ops import as_key, dispatched_program
 from ..streams import tighten
 from ..topology import Topology
 from ..worker.links import add_stats
-from .calls import as_key, call_keys, create_calls, supported
+from .calls import call_keys, create_outputs, supported
 from .interruptions import TOPIC, Interruptions
 from .order import IslandScheduler, Submission, make_policy
 from .resources import ResourceManager
@@ -109,6 +109,7 @@ class PathwaysScheduler(SchedulerPlugin):
             scheduler.handlers[name] = getattr(self, name[len("pathdask_"):])
         scheduler.stream_handlers["pathdask-program-done"] = self.program_done
         scheduler.stream_handlers["pathdask-call"] = self.call
+        scheduler.stream_handlers["pathdask-dispatch-failed"] = self.dispatch_failed
         await scheduler.register_worker_plugin(
             None, dumps(HostRuntime()), name="pathdask", idempotent=False
         )
@@ -313,28 +314,59 @@ class PathwaysScheduler(SchedulerPlugin):
 
     def call(self, client: str, calls: list[dict[str, Any]]) -> None:
         """Program calls on the client's stream (``client/calls.py``), in the order they were
-        made: each is slotted, then all their tasks are created, as ``update_graph`` would.
+        made (a call never takes a slot before the calls it reads).
 
-        They fail as a graph submission does, and more: the client's futures of their keys
-        err, and the programs are dropped on their hosts, so that their results raise the error.
+        Each call's output keys are created in memory on their hosts; each host is sent
+        the call, before any later message (say, the release of an argument); then the
+        call is slotted. A call that cannot be made fails alone: the client's futures of
+        its keys err, and the program is dropped on its hosts, so that its results raise.
         """
-        try:
-            create_calls(self.scheduler, client, calls, lambda info: self._submit(client, info))
-        except Exception as e:
-            logger.exception("pathdask: %d program call(s) could not be created", len(calls))
-            err = error_message(e)
-            for call in calls:
-                for key in call_keys(call):
-                    self.output_owners.pop(key, None)  # the key never came to be
-                    self.scheduler.report({"op": "task-erred", "key": key, "exception": err["exception"],
-                                           "traceback": err["traceback"]}, client=client)
-                pid = call["pid"]
-                reason = f"the call of program {pid} failed in the scheduler: {type(e).__name__}: {e}"
-                cause = to_serialize(DispatchError(reason))
-                if not self._end_program(pid, reason, cause):
-                    for addr, *_ in call["hosts"]:
-                        self._tell(addr, {"op": "pathdask-drop-programs", "pids": [pid], "reason": reason,
-                                          "cause": cause})
+        for call in calls:
+            try:
+                self._call(client, call)
+            except Exception as e:  # noqa: BLE001 - answered to the client below
+                self._call_failed(client, call, e)
+
+    def _call(self, client: str, call: dict[str, Any]) -> None:
+        pid = call["pid"]
+        gone = sorted({addr for addr, *_ in call["hosts"]}
+                      - (set(self.resources.hosts) & set(self.scheduler.workers)))
+        if gone:
+            raise DeviceLostError(f"host(s) {gone} left the cluster before program {pid} was called; "
+                                  "call it again on a new mesh")
+        create_outputs(self.scheduler, client, call)
+        for addr, plan, outputs in call["hosts"]:
+            self._tell(addr, {"op": "pathdask-dispatch", "pid": pid, "plan": plan, "inputs": call["inputs"],
+                              "client": client, "outputs": outputs})
+        program = call["program"]
+        self._submit(client, {**program, "outputs": [(as_key(k), a, j) for k, a, j in program["outputs"]]})
+
+    def _call_failed(self, client: str, call: dict[str, Any], e: Exception) -> None:
+        pid = call["pid"]
+        if isinstance(e, DeviceLostError):
+            logger.info("pathdask: program %s could not be called: %s", pid, e)
+        else:
+            logger.exception("pathdask: program %s could not be called", pid)
+        keys = call_keys(call)
+        for key in keys:
+            self.output_owners.pop(key, None)
+        made = [k for k in keys if k in self.scheduler.tasks]
+        if made:  # the keys it made go again, with no buffers behind them
+            self.scheduler.client_releases_keys(keys=made, client=client, stimulus_id=f"pathdask-call-failed-{pid}")
+        err = error_message(e)
+        for key in keys:
+            self.scheduler.report({"op": "task-erred", "key": key, "exception": err["exception"],
+                                   "traceback": err["traceback"]}, client=client)
+        reason = f"the call of program {pid} failed in the scheduler: {type(e).__name__}: {e}"
+        cause = to_serialize(e if isinstance(e, DeviceLostError) else DispatchError(reason))
+        if not self._end_program(pid, reason, cause):
+            for addr, *_ in call["hosts"]:
+                self._tell(addr, {"op": "pathdask-drop-programs", "pids": [pid], "reason": reason, "cause": cause})
+
+    def dispatch_failed(self, worker: str, pid: str, error: str, cause: Any) -> None:
+        """A host could not register its part of a called program (stream op from the host):
+        the program is dropped on every host it uses, with the host's error."""
+        self._end_program(pid, f"the dispatch of program {pid} failed on host {worker}: {error}", cause)
 
     def _drop(self, pids: list[str], hosts: list[str], reason: str, lost: str) -> None:
         """Tell ``hosts`` to fail ``pids`` with DeviceLostError(``reason``); ``lost`` is the gone host."""

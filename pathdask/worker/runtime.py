@@ -35,7 +35,7 @@ from distributed.protocol import to_serialize
 
 from ..chunking import split
 from ..errors import DeviceLostError, DispatchError, GangAbortedError
-from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, ReshardOp
+from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, ReshardOp, as_key
 from ..sharding import contiguous
 from ..streams import tighten
 from ..topology import DeviceInfo, Topology
@@ -138,6 +138,7 @@ class HostRuntime(WorkerPlugin):
         )
         worker.stream_handlers.update({
             "pathdask-order": self.on_order,
+            "pathdask-dispatch": self.on_dispatch,
             "pathdask-xfer": self.on_xfer,
             "pathdask-chunk": self.peers.on_chunk,
             "pathdask-abort": self.on_abort,
@@ -222,16 +223,31 @@ class HostRuntime(WorkerPlugin):
             for d in devices:
                 self.streams[d].enqueue(pid)
 
-    async def dispatch(self, pid: str, plan: HostPlan | str, inputs: tuple[BufferKey, ...], client: str,
-                       gated: bool = False) -> str:
+    def on_dispatch(self, pid: str, plan: str, inputs: list[Any], client: str,
+                    outputs: list[tuple[Any, int]]) -> None:
+        """A call reached this host (``scheduler/calls.py``): the handles of the output keys it
+        owns here go in the worker's data, and its part is registered.
+
+        If it fails, the program is dropped here at once and the scheduler drops it on its
+        other hosts; its results raise the error.
+        """
+        assert self.worker is not None
+        if outputs:
+            self.worker.update_data(data={as_key(k): (pid, j) for k, j in outputs},
+                                    stimulus_id=f"pathdask-call-{pid}")
+        try:
+            self.dispatch(pid, plan, tuple((str(p), int(v)) for p, v in inputs), client)
+        except Exception as e:  # noqa: BLE001 - the program's end carries it
+            self._send_scheduler({"op": "pathdask-dispatch-failed", "pid": pid,
+                                  "error": f"{type(e).__name__}: {e}", "cause": to_serialize(_picklable(e))})
+
+    def dispatch(self, pid: str, plan: HostPlan | str, inputs: tuple[BufferKey, ...], client: str,
+                 gated: bool = False) -> str:
         """Register this host's part of a program; returns at once, before execution.
 
-        ``plan`` is the host's plan, or the id of one its client sent ahead. It
-        never waits for anything but the test-only jitter. If it fails, the
-        program is dropped here at once, and on its other hosts by the scheduler.
+        ``plan`` is the host's plan, or the id of one its client sent ahead. If it
+        fails, the program is dropped here at once, and on its other hosts by the scheduler.
         """
-        if self.jitter:
-            await asyncio.sleep(random.uniform(0, self.jitter))  # test-only: reorder arrivals
         if self.ledger.refused(pid, client) is not None:
             self.plans.discard(pid)
             return pid  # dropped (or its client closed) before it came: it ended here already
@@ -244,19 +260,22 @@ class HostRuntime(WorkerPlugin):
                     f"Program {pid} was planned for a host that left the cluster; {self.address} "
                     "replaced it. Call the program again on a new mesh"
                 )
-            self.register(pid, plan, inputs, client, gated=gated, enqueue=not self.ordering)
+            self.register(pid, plan, inputs, client, gated=gated, enqueue=not self.ordering,
+                          delay=random.uniform(0, self.jitter) if self.jitter else 0.0)
         except Exception as e:
             self.drop_program(pid, e)
             raise
         return pid
 
     def register(self, pid: str, plan: HostPlan, inputs: tuple[BufferKey, ...], client: str, *,
-                 gated: bool = False, enqueue: bool = False) -> None:
+                 gated: bool = False, enqueue: bool = False, delay: float = 0.0) -> None:
         """Count the program's readers and owners in the store, then hand it to the devices.
 
         ``gated``: each gang waits for its sequential-dispatch task to release it.
         ``enqueue``: the devices take it in arrival order (multi-controller runs and
         the test-only unordered mode) instead of waiting for the scheduler's order.
+        ``delay``: test-only: hand it over this many seconds later, as an independent
+        controller's message might come (its reads are counted now all the same).
         """
         prog = HostProgram(pid, plan, tuple(inputs), client, self.mailbox, released=set() if gated else None)
         if self.ledger.refused(pid, client) is not None:
@@ -268,13 +287,23 @@ class HostRuntime(WorkerPlugin):
             for vid, dev in pairs:
                 self.store.declare((pid, vid), dev, owned=True, client=client)
             self.owned[(pid, k)] = pairs
+        if delay:
+            self.loop.call_later(delay, self._hand_over, prog, enqueue)
+        else:
+            self._hand_over(prog, enqueue)
+
+    def _hand_over(self, prog: HostProgram, enqueue: bool) -> None:
+        """Give a registered program to its devices (event loop)."""
+        if self.ledger.refused(prog.pid, prog.client) is not None:
+            self._count_reads(prog, -1)  # dropped while it was held back: it never reads
+            return
         # Drops run on the event loop, as this does, so nothing was dropped since the check.
-        slotted = not enqueue or self.ledger.slot(pid, client, list(plan.ops))
+        slotted = not enqueue or self.ledger.slot(prog.pid, prog.client, list(prog.plan.ops))
         refused = self.ledger.register(prog)
-        assert slotted and refused is None, (pid, refused)
-        for dev in plan.ops:
+        assert slotted and refused is None, (prog.pid, refused)
+        for dev in prog.plan.ops:
             if enqueue:
-                self.streams[dev].enqueue(pid)
+                self.streams[dev].enqueue(prog.pid)
             else:
                 self.streams[dev].wake()
 

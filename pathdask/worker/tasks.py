@@ -21,15 +21,14 @@ from .runtime import runtime
 
 
 async def dispatch_task(pid: str, plan: HostPlan | str, inputs: tuple[tuple[str, int], ...], client: str,
-                        gated: bool = False, handle: int | None = None) -> str | tuple[str, int]:
+                        gated: bool = False) -> str:
     """Register this host's part of a program with its runtime; returns before execution.
 
-    ``plan`` is the host's plan, or the id of a plan its client sent ahead. With
-    ``handle``, the task's key is also that output's key on this host (a call,
-    ``client/calls.py``), and it returns the output's handle as :func:`output_task` does.
+    ``plan`` is the host's plan, or the id of a plan its client sent ahead. A
+    coroutine, so that the worker runs it on its event loop, where the runtime's
+    control state lives.
     """
-    await runtime().dispatch(pid, plan, inputs, client, gated=gated)
-    return pid if handle is None else (pid, handle)
+    return runtime().dispatch(pid, plan, inputs, client, gated=gated)
 
 
 def run_gang_task(registered: str, pid: str, gang: int, device: int, *upstream: Any) -> str:
