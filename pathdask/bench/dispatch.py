@@ -46,6 +46,8 @@ Echo = Callable[[str], Any]
 class Config:
     computations: int = 128
     repeats: int = 3
+    #: calls timed one at a time, each waiting for its result (the round trip)
+    round_trips: int = 200
     costs: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
     stages: tuple[int, ...] = (1, 2, 4, 8)
     microbatches: int = 16
@@ -57,7 +59,7 @@ class Config:
     @classmethod
     def small(cls) -> Config:
         return cls(computations=16, repeats=1, costs=(1e-4, 1e-3, 1e-2), stages=(1, 2), microbatches=4,
-                   ray=False)
+                   ray=False, round_trips=20)
 
 
 @dataclass
@@ -114,6 +116,21 @@ def _pathdask_run(kernels: Kernels, x: Any, shape: str, mode: str) -> float:
                 y = (kernels.chained if shape == "Chained" else kernels.fused)(x)
             _check(y.result(), kernels.k)
         return timed(go)
+
+
+def round_trips(kernels: Kernels, x: Any, n: int) -> dict[str, float | None]:
+    """Median seconds of a one-gang call whose result is waited for, one call at a time (a
+    notebook's training loop), beside the median fetch of a result that is ready already."""
+    calls, fetches = [], []
+    y = kernels.step(x)
+    y.result()  # warm: traces, plans on the hosts, connections
+    for _ in range(n):
+        start = time.perf_counter()
+        y = kernels.step(y)
+        y.result()
+        calls.append(time.perf_counter() - start)
+        fetches.append(timed(y.result))
+    return {"call_and_result_s": median(calls), "fetch_ready_s": median(fetches)}
 
 
 def _mc_run(client: Client, kernels: Kernels, x: Any, shape: str) -> float:
@@ -234,6 +251,13 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
         echo(table(["system", *SHAPES, *(f"{s}/MC" for s in SHAPES)], rows))
         result["figure5"] = rates
 
+        # -- one call at a time, each result waited for --------------------------------
+        result["round_trip"] = round_trips(Kernels(0.0, 1), x, cfg.round_trips)
+        echo(f"\nOne call at a time (a one-gang all-reduce over {mesh.size} devices on {len(mesh.hosts)} "
+             f"hosts), each result waited for: median round trip "
+             f"{result['round_trip']['call_and_result_s'] * 1e3:.2f} ms; fetching a ready result alone "
+             f"{result['round_trip']['fetch_ready_s'] * 1e3:.2f} ms")
+
         # -- 1 ms gangs: fraction of ideal --------------------------------------------
         one_ms = _rates(client, workers, x, 1e-3, cfg.computations, cfg, systems=("pathdask",),
                         shapes=("Chained",))["pathdask"]["Chained"]
@@ -303,6 +327,10 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
                                                 reach.get("pathdask Chained")),
         "dask_reaches_95pct_within_sweep": reach.get("dask OpByOp") is not None,
         "tls_over_plain_chained": result["security"].get("over_plain", {}).get("Chained"),
+        "pathdask_opbyop_over_multicontroller": _ratio(rates["pathdask"]["OpByOp"], rates["multi-controller"]["OpByOp"]),
+        "pathdask_chained_over_multicontroller": _ratio(pd_chained, rates["multi-controller"]["Chained"]),
+        "pathdask_fused_over_multicontroller": _ratio(rates["pathdask"]["Fused"], rates["multi-controller"]["Fused"]),
+        "round_trip_ms": result["round_trip"]["call_and_result_s"] * 1e3,
     }
     result["idle_gap_median_s"] = median(gaps)
     ray_cg = result.get("ray", {}).get("0ms", {}).get("ray_compiled_graph") if cfg.ray else None

@@ -68,7 +68,7 @@ class ShardedArray:
         self.dtype = np.dtype(dtype)
         self.mesh = mesh
         self.spec = spec
-        self._futures = futures  # host address -> output key future (owns the buffers there)
+        self._futures = futures  # {holder address: the output key's future}; it owns the buffers on every host
         self._xarray = xarray_meta
         self._deleted = False
         self._readers = 0  # programs reading this array that some host has not registered yet
