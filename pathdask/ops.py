@@ -19,11 +19,10 @@ from .topology import DeviceInfo
 
 __all__ = ["BufferKey", "Ref", "OutSpec", "KernelOp", "ReshardOp", "PutOp", "LoadOp", "GangSpec", "HostPlan"]
 
-#: The Dask keys of a program are tuples ``(kind, program id, ...)`` (``*_key`` below): one
-#: key per program output, which owns that output's buffers on every host that holds some;
-#: and, for programs submitted as graphs, one dispatch task per host. Their first element,
-#: which names Dask's task group, is the same for every program, so that a stream of calls
-#: does not pile up task groups.
+#: The Dask keys of a program's tasks are tuples ``(kind, program id, ...)`` (``*_key`` below):
+#: one dispatch task per host, one output task per (output, host) whose key owns that
+#: output's buffers on that host. Their first element, which names Dask's task group,
+#: is the same for every program, so that a stream of calls does not pile up task groups.
 DISPATCH = "pathdask-dispatch"
 OUTPUT = "pathdask-out"
 GANG = "pathdask-gang"  # sequential dispatch: one task per gang and device
@@ -33,8 +32,8 @@ def dispatch_key(pid: str, host: int) -> tuple[str, str, int]:
     return (DISPATCH, pid, host)
 
 
-def output_key(pid: str, index: int) -> tuple[str, str, int]:
-    return (OUTPUT, pid, index)
+def output_key(pid: str, index: int, host: int) -> tuple[str, str, int, int]:
+    return (OUTPUT, pid, index, host)
 
 
 def gang_key(pid: str, gang: int, device: int) -> tuple[str, str, int, int]:

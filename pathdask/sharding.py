@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -63,14 +64,21 @@ class Sharding:
 
     def block_index(self, position: int) -> tuple[int, ...]:
         """Which block (per dimension) the device at ``position`` holds."""
-        coords = self.mesh.coords(position)
+        return self._blocks[position]
+
+    @cached_property
+    def _blocks(self) -> tuple[tuple[int, ...], ...]:
+        """Per mesh position, its block index (computed once: results are assembled per call)."""
         out = []
-        for dim in range(len(self.shape)):
-            axes = self.spec.axes_of(dim)
-            idx = 0
-            for a in axes:
-                idx = idx * self.mesh.shape[a] + coords[a]
-            out.append(idx)
+        for position in range(self.mesh.size):
+            coords = self.mesh.coords(position)
+            block = []
+            for dim in range(len(self.shape)):
+                idx = 0
+                for a in self.spec.axes_of(dim):
+                    idx = idx * self.mesh.shape[a] + coords[a]
+                block.append(idx)
+            out.append(tuple(block))
         return tuple(out)
 
     def index(self, position: int) -> Index:
@@ -115,10 +123,14 @@ class Sharding:
         return out
 
     def positions_by_block(self) -> dict[tuple[int, ...], list[int]]:
+        return {block: list(positions) for block, positions in self._positions.items()}
+
+    @cached_property
+    def _positions(self) -> dict[tuple[int, ...], tuple[int, ...]]:
         out: dict[tuple[int, ...], list[int]] = {}
-        for p in range(self.mesh.size):
-            out.setdefault(self.block_index(p), []).append(p)
-        return out
+        for p, block in enumerate(self._blocks):
+            out.setdefault(block, []).append(p)
+        return {block: tuple(positions) for block, positions in out.items()}
 
 
 def global_shape(block_shape: tuple[int, ...], mesh: Mesh, spec: PartitionSpec) -> tuple[int, ...]:

@@ -87,9 +87,9 @@ def test_sequential_dispatch_has_a_task_per_shard_per_gang(system, client):
             ref = ref.sum() * 0.5 + ref
         graphs = lambda: client.dask.run_on_scheduler(  # noqa: E731
             lambda dask_scheduler: list(dask_scheduler.plugins["task-counter"].graphs))
-        # parallel: no graph (a call); sequential: per host a dispatch task, a task per gang and
-        # device, and the output's task
-        for mode, expected in (("parallel", []), ("sequential", [2 + 6 * 4 + 1])):
+        # parallel: no graph (a call); sequential: per host a dispatch and an output task, and a
+        # task per gang and device
+        for mode, expected in (("parallel", []), ("sequential", [2 + 6 * 4 + 2])):
             before = len(graphs())
             with dask.config.set({"pathdask.dispatch": mode}):
                 y = prog(a)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -68,7 +69,7 @@ class ShardedArray:
         self.dtype = np.dtype(dtype)
         self.mesh = mesh
         self.spec = spec
-        self._futures = futures  # {holder address: the output key's future}; it owns the buffers on every host
+        self._futures = futures  # host address -> output key future (owns the buffers there)
         self._xarray = xarray_meta
         self._deleted = False
         self._readers = 0  # programs reading this array that some host has not registered yet
@@ -86,7 +87,7 @@ class ShardedArray:
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
-    @property
+    @cached_property
     def sharding(self) -> Sharding:
         return Sharding(self.shape, self.mesh, self.spec)
 
@@ -94,7 +95,7 @@ class ShardedArray:
     def key(self) -> tuple[str, int]:
         return (self._pid, self._vid)
 
-    @property
+    @cached_property
     def ref(self) -> OutputRef:
         """Where this array's shards are (the handle its Dask keys stand for)."""
         return OutputRef(self._pid, self._vid, self.sharding, self.dtype.str)

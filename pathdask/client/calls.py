@@ -8,8 +8,7 @@ only what changes from call to call:
 
 - the program id, and per host the id of the plan it runs there;
 - the argument keys (the buffers its inputs read);
-- the new output keys, one per program output, each with the host that holds its handle
-  (its buffers on every host go when the key does);
+- per host, the new output keys it owns, one per program output held there;
 - what the island scheduler needs to slot it (its devices, cost and producers).
 
 Calls made close together (before the client's event loop sends the first)
@@ -47,7 +46,7 @@ def build_call(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, in
     keys: list[Any] = []
     for addr, plan in plans.items():
         assert plan.id, "a call names plans its hosts hold"
-        outs = [(out_keys[j][addr], j) for j in plan.owned if addr in out_keys[j]]
+        outs = [(out_keys[j][addr], j) for j in plan.owned]
         hosts.append((addr, plan.id, outs))
         keys += [k for k, _ in outs]
     call = {"pid": pid, "hosts": hosts, "inputs": [list(i) for i in inputs],

@@ -2,17 +2,13 @@
 
 A program is first a per-gang graph (``graph.py``: one layer per gang, one task
 per shard). The fusion pass (:func:`fuse`) turns each host's part of all its
-layers into one plan, cached per program. Once its hosts hold their plans, a
-call is a small message (``calls.py``) that creates no Dask task, only one key
-per program output. As a graph (the first call's form where the scheduler cannot
-make keys itself, and :func:`build_sequential_graph`), a call has one layer per
-host, pinned to that host's worker, holding:
+layers into one plan, cached per program. Each call then submits a graph with
+one layer per host, pinned to that host's worker, holding:
 
 - one *dispatch* task that registers the host's part of every gang with the
   host runtime and returns at once (parallel asynchronous dispatch);
-- on the first host holding shards of a program output, one small *output*
-  task, whose key owns that output's buffers on every host for as long as the
-  client holds it.
+- one small *output* task per program output with shards on that host,
+  whose key owns those shards' buffers for as long as the client holds it.
 
 So a program costs O(hosts) Dask tasks however many gangs it has. We build a
 ``HighLevelGraph`` because its layers carry per-layer annotations (the
@@ -126,18 +122,12 @@ def _pinned(tasks: dict[Any, Task], addr: str, program: dict[str, Any] | None = 
 
 
 def _output_keys(pid: str, plans: dict[str, HostPlan]) -> dict[int, dict[str, Any]]:
-    """Per program output, ``{holder: key}``: the one key that owns its shards on every host,
-    held by the first host that has some (its value, a handle, lives there)."""
-    out: dict[int, dict[str, Any]] = {}
-    for addr, plan in plans.items():
+    """Per program output, per host holding some of its shards, the key that owns them there."""
+    out: dict[int, dict[str, Any]] = defaultdict(dict)
+    for h, (addr, plan) in enumerate(plans.items()):
         for j in plan.owned:
-            out.setdefault(j, {addr: output_key(pid, j)})
+            out[j][addr] = output_key(pid, j, h)
     return out
-
-
-def _owners(plans: dict[str, HostPlan], j: int) -> list[str]:
-    """The hosts that hold shards of output ``j``."""
-    return [addr for addr, plan in plans.items() if j in plan.owned]
 
 
 #: what proportional share charges a gang with no modelled cost, per device
@@ -152,7 +142,7 @@ def _annotation(pid: str, plans: dict[str, HostPlan], out_keys: dict[int, dict[s
     return {
         "pid": pid,
         "hosts": {addr: list(plan.ops) for addr, plan in plans.items()},
-        "outputs": [(key, _owners(plans, j), j) for j, held in out_keys.items() for key in held.values()],
+        "outputs": [(key, addr, j) for j, hosts in out_keys.items() for addr, key in hosts.items()],
         "cost": cost,
         "deps": sorted({producer for producer, _ in inputs}),
     }
@@ -160,7 +150,7 @@ def _annotation(pid: str, plans: dict[str, HostPlan], out_keys: dict[int, dict[s
 
 def build_graph(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, int], ...],
                 client: str, payloads: dict[str, HostPlan | str] | None = None) -> Graph:
-    """Parallel dispatch: per host one dispatch task, and one output task per output its holder.
+    """Parallel dispatch: per host one dispatch task and one output task per output held there.
 
     Returns the graph, every key to submit, and the output keys per output and host.
     ``payloads`` replaces a plan by its id for hosts that have it cached already.
@@ -176,9 +166,8 @@ def build_graph(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, i
         dkey = dispatch_key(pid, h)
         tasks: dict[Any, Task] = {dkey: Task(dkey, dispatch_task, pid, payloads.get(addr, plan), inputs, client)}
         for j in plan.owned:
-            okey = out_keys[j].get(addr)
-            if okey is not None:
-                tasks[okey] = Task(okey, output_task, TaskRef(dkey), j)
+            okey = out_keys[j][addr]
+            tasks[okey] = Task(okey, output_task, TaskRef(dkey), j)
         keys.extend(tasks)
         layers[f"pathdask-{pid}-{h}"] = _pinned(tasks, addr, program if h == 0 else None)
     return HighLevelGraph(layers, {name: set() for name in layers}), keys, out_keys
@@ -236,15 +225,15 @@ def build_sequential_graph(pid: str, program: Program, plans: dict[str, HostPlan
                 if f"pathdask-{pid}-gang{p}-{hosts[a]}" in layers
             }
             keys.extend(tasks)
-    for j, held in out_keys.items():
-        ((addr, okey),) = held.items()
+    for addr, plan in plans.items():
         h = hosts[addr]
-        last = producer[program.outputs[j]]
-        name = f"pathdask-{pid}-out{j}"
-        # ready once every device that computes the output has run its last gang
-        layers[name] = _pinned({okey: Task(okey, output_task, TaskRef(register[addr]), j,
-                                           *[TaskRef(k) for k in gang_keys[last]])}, addr)
-        deps[name] = {f"pathdask-{pid}-register-{h}"} | {
-            f"pathdask-{pid}-gang{last}-{hosts[a]}" for a in plans if f"pathdask-{pid}-gang{last}-{hosts[a]}" in layers}
-        keys.append(okey)
+        for j in plan.owned:
+            last = producer[program.outputs[j]]
+            okey = out_keys[j][addr]
+            name = f"pathdask-{pid}-out{j}-{h}"
+            mine = [k for k in gang_keys[last] if k[3] in plan.ops]
+            layers[name] = _pinned({okey: Task(okey, output_task, TaskRef(register[addr]), j,
+                                               *[TaskRef(k) for k in mine])}, addr)
+            deps[name] = {f"pathdask-{pid}-register-{h}", f"pathdask-{pid}-gang{last}-{h}"}
+            keys.append(okey)
     return HighLevelGraph(layers, deps), keys, out_keys

@@ -98,8 +98,8 @@ class PathwaysScheduler(SchedulerPlugin):
         self.clients: dict[str, dict[str, Any]] = {}
         self.hosts_changed = asyncio.Condition()
         self.host_failures: dict[str, dict[str, Any]] = {}  # address -> error_message
-        #: output key -> (addresses of the hosts it owns buffers on, program, output index)
-        self.output_owners: dict[Any, tuple[list[str], str, int]] = {}
+        #: output key -> (address of the host it owns buffers on, program, output index)
+        self.output_owners: dict[Any, tuple[str, str, int]] = {}
         #: the secret hosts present to each other on the socket transport (sent over Dask comms)
         self.transport_token = secrets.token_bytes(32)
         self.progress = asyncio.Event()  # set whenever the order changed (programs slotted or ended)
@@ -293,15 +293,15 @@ class PathwaysScheduler(SchedulerPlugin):
         """Slot each pathdask program in a new graph, before any of its tasks is sent out.
 
         The graph's ``pathdask`` annotation carries the program id, the devices it
-        uses per host, and which hosts each output key owns buffers on.
+        uses per host, and which host each output key owns buffers on.
         """
         for info in {a["pid"]: a for a in annotations.get("pathdask", {}).values()}.values():
             self._submit(client, info)
 
     def _submit(self, client: str, info: dict[str, Any]) -> None:
         """Slot a program from its ``pathdask`` annotation (``lowering._annotation``)."""
-        for key, hosts, j in info["outputs"]:
-            self.output_owners[as_key(key)] = (hosts, info["pid"], j)
+        for key, addr, j in info["outputs"]:
+            self.output_owners[as_key(key)] = (addr, info["pid"], j)
         sub = Submission(info["pid"], client, info["hosts"], info.get("cost", 0.0),
                          frozenset(info.get("deps", ())))
         gone = sorted(set(sub.hosts) - set(self.resources.hosts))
@@ -461,9 +461,8 @@ class PathwaysScheduler(SchedulerPlugin):
         owner = self.output_owners.pop(key, None)
         if owner is None:
             return
-        hosts, pid, index = owner
-        for addr in hosts:
-            self._tell(addr, {"op": "pathdask-release-outputs", "outputs": [(pid, index)]})
+        addr, pid, index = owner
+        self._tell(addr, {"op": "pathdask-release-outputs", "outputs": [(pid, index)]})
 
     def _dispatch_failed(self, key: Any, info: dict[str, Any]) -> None:
         pid = dispatched_program(key)
