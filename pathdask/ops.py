@@ -19,9 +19,10 @@ from .topology import DeviceInfo
 
 __all__ = ["BufferKey", "Ref", "OutSpec", "KernelOp", "ReshardOp", "PutOp", "LoadOp", "GangSpec", "HostPlan"]
 
-#: The Dask keys of a program's tasks are tuples ``(kind, program id, ...)`` (``*_key`` below):
-#: one dispatch task per host, one output task per (output, host) whose key owns that
-#: output's buffers on that host. Their first element, which names Dask's task group,
+#: The Dask keys of a program are tuples ``(kind, program id, ...)`` (``*_key`` below):
+#: one output key per (output, host), which owns that output's buffers on that host (a call
+#: makes it in memory; a graph computes it), and, for a program submitted as a graph, one
+#: dispatch task per host. Their first element, which names Dask's task group,
 #: is the same for every program, so that a stream of calls does not pile up task groups.
 DISPATCH = "pathdask-dispatch"
 OUTPUT = "pathdask-out"

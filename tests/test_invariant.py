@@ -84,7 +84,7 @@ class World:
 
     def submit(self, sub: Submission) -> None:
         self.subs[sub.pid] = sub
-        for addr in sub.hosts:  # the dispatch tasks run whenever Dask runs them
+        for addr in sub.hosts:  # the dispatch comes whenever (a graph's tasks run when Dask runs them)
             self.send(f"dask-{sub.pid}", addr, ("dispatch", sub.pid, sub.client))
         self.orders(self.scheduler.submit(sub, 1.0))
 

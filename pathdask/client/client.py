@@ -418,7 +418,7 @@ class Client:
 
     def _send_plans(self, plans: dict[str, HostPlan]) -> None:
         """Send each host the plans it lacks, and wait for them to arrive, before any call
-        names them; so a dispatch task always finds its plan, whatever order Dask runs tasks in.
+        names them; so a registration always finds its plan, whatever order messages and tasks run in.
 
         A put's plan carries its blocks: each host gets its own, straight from here,
         in parallel, never through the scheduler; it is used once.

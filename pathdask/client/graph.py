@@ -11,7 +11,7 @@ resharding gang, on the devices it receives pieces from.
 
 Dask never runs this graph shard by shard: that would cost a trip through the
 Dask scheduler per shard and per gang (ARCHITECTURE, decision 2). What is
-submitted is its fusion, one dispatch task per host.
+called is its fusion, one plan per host.
 
 A ``HighLevelGraph`` rather than a dict graph with an annotation per task:
 a gang is a layer, so its annotations are stated once, and Dask's own HTML

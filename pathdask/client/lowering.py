@@ -79,7 +79,8 @@ def fuse(graph: ProgramGraph, overlap: bool = True) -> dict[str, HostPlan]:
 
     Like dask.array's blockwise fusion, it turns many small tasks into few: a host's
     plan lists, per local device, the ops of its tasks in layer (program) order, and
-    becomes that host's one dispatch task (:func:`build_graph`). Dependencies between
+    is what a call names on that host (or that host's one dispatch task in a graph,
+    :func:`build_graph`). Dependencies between
     the tasks need no Dask edges after fusion: a device runs its ops in order, and data
     moves between devices runtime to runtime.
     """
@@ -150,7 +151,8 @@ def _annotation(pid: str, plans: dict[str, HostPlan], out_keys: dict[int, dict[s
 
 def build_graph(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, int], ...],
                 client: str, payloads: dict[str, HostPlan | str] | None = None) -> Graph:
-    """Parallel dispatch: per host one dispatch task and one output task per output held there.
+    """Parallel dispatch as a graph (where the scheduler cannot make a call's keys itself): per host
+    one dispatch task and one output task per output held there.
 
     Returns the graph, every key to submit, and the output keys per output and host.
     ``payloads`` replaces a plan by its id for hosts that have it cached already.

@@ -329,8 +329,8 @@ class PathwaysScheduler(SchedulerPlugin):
 
     def _call(self, client: str, call: dict[str, Any]) -> None:
         pid = call["pid"]
-        gone = sorted({addr for addr, *_ in call["hosts"]}
-                      - (set(self.resources.hosts) & set(self.scheduler.workers)))
+        gone = sorted(addr for addr, *_ in call["hosts"]
+                      if addr not in self.resources.hosts or addr not in self.scheduler.workers)
         if gone:
             raise DeviceLostError(f"host(s) {gone} left the cluster before program {pid} was called; "
                                   "call it again on a new mesh")

@@ -6,7 +6,7 @@ times, on meshes of 1, 2 and 4 hosts (each cost is a least-squares line over the
 
 - the client's calls (the loop of ``k`` calls, before any result): client CPU
   per call and per host;
-- every host's dispatch (its runtime's ``dispatch`` is wrapped with a timer), for
+- every host's dispatch (its handler of calls is wrapped with a timer), for
   one op and for ``k`` ops per device: host CPU per dispatch and per op;
 - a program of ``k`` chained gangs: the devices' own time per op;
 - ``k`` one-gang calls back to back: the scheduler's CPU is what is left of each
@@ -39,21 +39,21 @@ Echo = Callable[[str], Any]
 
 
 def _timed_dispatch(system: LocalSystem) -> list[float]:
-    """Wrap every host runtime's ``dispatch`` so that its durations land in the returned list."""
+    """Wrap every host's handler of calls (``HostRuntime.on_dispatch``: the output keys' handles
+    and the registration) so that its durations land in the returned list."""
     assert system.cluster is not None
     spans: list[float] = []
     for worker in system.cluster.workers.values():
-        rt = worker.plugins["pathdask"]
-        inner = rt.dispatch
+        inner = worker.stream_handlers["pathdask-dispatch"]
 
-        async def timed(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+        def timed(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
             t = time.perf_counter()
             try:
-                return await _inner(*args, **kwargs)
+                return _inner(*args, **kwargs)
             finally:
                 spans.append(time.perf_counter() - t)
 
-        rt.dispatch = timed
+        worker.stream_handlers["pathdask-dispatch"] = timed
     return spans
 
 

@@ -4,7 +4,7 @@ Device time is not here: a kernel's time is its gang's modelled ``cost_s`` and a
 move's is the link model's, exactly as in the real runtime. What the real system
 adds on top is the *control plane*: a client builds and submits each call, the
 Dask scheduler and its pathdask plugin take it in and slot it, each host's
-dispatch task registers its part, and each device thread spends some time per op
+call reaches each host, which registers its part, and each device thread spends some time per op
 in Python. These costs are measured on the real embedded system
 (``pathdask simulate --calibrate``, :mod:`.calibrate`) and stored as JSON; the
 package ships one such file (:data:`DEFAULT`).
@@ -40,12 +40,12 @@ class CostModel:
     ----------
     client_call_s, client_host_s
         Client CPU per call of a program, and per host that the call's plan names
-        (a graph layer, a dispatch task and its output tasks per host).
+        (its output keys and its message part per host).
     scheduler_call_s, scheduler_host_s
         Scheduler CPU per program taken in and slotted, and per host of it (its
-        dispatch task, its order message and its done message).
+        output keys, its dispatch and order messages and its done message).
     host_dispatch_s, host_op_s
-        A host's CPU per dispatch task, and per op it registers for its devices.
+        A host's CPU per call it registers, and per op it registers for its devices.
     device_op_s
         A device thread's own time per op (Python around the kernel); a device is
         busy ``max(cost, device_op_s)`` per kernel when gangs run back to back.

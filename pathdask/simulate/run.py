@@ -7,7 +7,7 @@ from the :class:`~.model.CostModel`:
    client CPU; then a message to the scheduler;
 2. the scheduler takes it in: scheduler CPU; it is given to the real
    :class:`~pathdask.scheduler.order.IslandScheduler` with the real policy, and
-   each host gets its dispatch task (a message, then host CPU per op);
+   each host gets the call (a message, then host CPU per op);
 3. when the policy slots it, each host gets an order message; a host has the
    program once it has both (``ready``);
 4. its devices run it in slot order (:class:`~.devices.DeviceEngine`); each host

@@ -3,7 +3,7 @@
 A program is *slotted* here when the scheduler's order message names it (or,
 without ordering, when it is registered): from then on each of its local
 devices must pop it from its order exactly once, by running it or by skipping
-it. It is *dispatched* when its dispatch task registered its plan. It is
+it. It is *dispatched* when its call (or dispatch task) registered its plan. It is
 *dropped* when it can no longer run (a failed dispatch, a lost host, a closed
 client). It has *ended* here once every local device has popped it; the host
 then tells the scheduler, whatever the outcome. That is the invariant that

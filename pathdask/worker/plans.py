@@ -2,10 +2,10 @@
 
 A client sends a host each new plan (``pathdask_plans``) and waits for the
 answer *before* it submits a call that names the plan. Delivery therefore never
-depends on the order in which Dask runs tasks, and a dispatch task never waits
-for another task to bring its plan: it finds the plan here, or fails at once.
+depends on the order in which messages and tasks arrive, and a registration never
+waits for another to bring its plan: it finds the plan here, or fails at once.
 
-Owner: the worker's event loop (handlers and dispatch tasks run there); no lock.
+Owner: the worker's event loop (handlers, calls and dispatch tasks run there); no lock.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ hosts. It is installed by the scheduler plugin under the name ``"pathdask"``.
 
 Threads and ownership:
 
-- the worker's event loop runs handlers, stream handlers and dispatch tasks;
+- the worker's event loop runs handlers, stream handlers (calls arrive as one)
+  and the dispatch tasks of programs submitted as graphs;
   it alone owns ``plans``, ``owned``, ``released_early`` and the waiter lists;
 - device threads run gangs (``device.py``); socket receivers deliver pieces;
 - state they share lives in objects that lock it themselves: the
