@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import dask
@@ -172,24 +173,13 @@ def _dask_run(client: Client, workers: list[str], k: int, cost: float, shape: st
 def _rates(client: Client, system_workers: list[str], x: Any, cost: float, k: int, cfg: Config,
            systems: tuple[str, ...] = ("dask", "pathdask-seq", "pathdask", "multi-controller"),
            shapes: tuple[str, ...] = SHAPES) -> dict[str, dict[str, float | None]]:
-    """Computations/s per system and shape: the best of ``cfg.repeats`` runs each.
-
-    The repeats take turns across the systems (one run of each, then the next round), so
-    that a slow spell of a busy machine costs every system a run, not one system all of its.
-    """
     kernels = Kernels(cost, k)
     out: dict[str, dict[str, float | None]] = {s: {} for s in systems}
     for shape in shapes:
-        runs = {system: _runner(system, shape, client, system_workers, kernels, x) for system in systems}
-        best: dict[str, float] = {}
-        for system, run in runs.items():
-            if run() is not None:  # warm-up: traces, lowering caches, connections
-                best[system] = math.inf
-        for _ in range(cfg.repeats):
-            for system in best:
-                best[system] = min(best[system], _seconds(runs[system]))
         for system in systems:
-            out[system][shape] = k / best[system] if system in best else None
+            run = _runner(system, shape, client, system_workers, kernels, x)
+            first = run()  # warm-up: traces, lowering caches, connections
+            out[system][shape] = None if first is None else best_rate(partial(_seconds, run), k, cfg.repeats)
     return out
 
 
