@@ -388,8 +388,10 @@ class Client:
             waiting, self._waiting_calls = self._waiting_calls, []
         if not waiting:
             return
-        self.dask._send_to_scheduler_safe({"op": CALL_OP, "calls": [call for call, _ in waiting]})
-        self._unread([a for _, reads in waiting for a in reads])
+        try:
+            self.dask._send_to_scheduler_safe({"op": CALL_OP, "calls": [call for call, _ in waiting]})
+        finally:  # sent, or never to be: either way no host will count these reads later
+            self._unread([a for _, reads in waiting for a in reads])
 
     def _unread(self, arrays: list[ShardedArray]) -> None:
         """Calls that read ``arrays`` are on their way: a deleted array that no call reads goes now."""
