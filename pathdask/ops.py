@@ -50,6 +50,7 @@ def dispatched_program(key: Any) -> str | None:
     """The program whose dispatch task ``key`` is, if it is one."""
     return str(key[1]) if isinstance(key, tuple) and len(key) == 3 and key[0] == DISPATCH else None
 
+
 #: Plans a host keeps per client, least recently used first out (``worker/plans.py``).
 #: Clients remember half as many per host as sent, so that a call never names a
 #: plan its host evicted, even when Dask reorders calls a little.

@@ -49,6 +49,8 @@ def build_call(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, in
         outs = [(out_keys[j][addr], j) for j in plan.owned]
         hosts.append((addr, plan.id, outs))
         keys += [k for k, _ in outs]
+    # the slotting information without the outputs and producers: the scheduler reads those
+    # from ``hosts`` and ``inputs``, so that the message carries each key once
     call = {"pid": pid, "hosts": hosts, "inputs": [list(i) for i in inputs],
-            "program": _annotation(pid, plans, out_keys, inputs)}
+            "program": _annotation(pid, plans, {}, ())}
     return call, keys, out_keys

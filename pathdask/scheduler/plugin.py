@@ -338,8 +338,9 @@ class PathwaysScheduler(SchedulerPlugin):
         for addr, plan, outputs in call["hosts"]:
             self._tell(addr, {"op": "pathdask-dispatch", "pid": pid, "plan": plan, "inputs": call["inputs"],
                               "client": client, "outputs": outputs})
-        program = call["program"]
-        self._submit(client, {**program, "outputs": [(as_key(k), a, j) for k, a, j in program["outputs"]]})
+        self._submit(client, {**call["program"],
+                              "outputs": [(k, addr, j) for addr, _plan, outs in call["hosts"] for k, j in outs],
+                              "deps": sorted({producer for producer, _ in call["inputs"]})})
 
     def _call_failed(self, client: str, call: dict[str, Any], e: Exception) -> None:
         pid = call["pid"]
