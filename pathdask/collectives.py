@@ -9,8 +9,8 @@ every member computes bit-identical results.
 
 from __future__ import annotations
 
+import contextvars
 import math
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -46,17 +46,19 @@ class GangContext(Protocol):
         """Send ``sends[pos]`` to each mesh position and return what ``sources`` sent."""
 
 
-_local = threading.local()
+#: a context variable, not a thread-local: the devices of one host may share a thread
+#: as greenlets (``pathdask.driver: host``), and each greenlet has its own context
+_ctx: contextvars.ContextVar[GangContext | None] = contextvars.ContextVar("pathdask_gang", default=None)
 
 
 def current() -> GangContext:
-    ctx = getattr(_local, "ctx", None)
+    ctx = _ctx.get()
     if ctx is None:
         raise RuntimeError(
             "Collectives can only be called inside the body of a @pathdask.function while "
             "it runs on a mesh"
         )
-    return ctx  # type: ignore[no-any-return]
+    return ctx
 
 
 class bind:
@@ -66,12 +68,11 @@ class bind:
         self.ctx = ctx
 
     def __enter__(self) -> GangContext:
-        self.prev = getattr(_local, "ctx", None)
-        _local.ctx = self.ctx
+        self.token = _ctx.set(self.ctx)
         return self.ctx
 
     def __exit__(self, *exc: Any) -> None:
-        _local.ctx = self.prev
+        _ctx.reset(self.token)
 
 
 def _names(axis_name: AxisName) -> tuple[str, ...]:

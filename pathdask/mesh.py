@@ -105,7 +105,16 @@ class Mesh:
         Ordered row-major over ``axis_names`` (in the order given), which is the
         member order every collective uses. Cached: collectives ask for it on every call.
         """
-        return _group(self, position, axis_names)
+        members = self._groups.get((position, axis_names))
+        if members is None:
+            members = self._groups[(position, axis_names)] = tuple(self._group(position, axis_names))
+        return list(members)
+
+    @functools.cached_property
+    def _groups(self) -> dict[tuple[int, tuple[str, ...]], tuple[int, ...]]:
+        """``group``'s answers, on the mesh itself: hashing a mesh per collective cost more than
+        the collective's own bookkeeping."""
+        return {}
 
     def _group(self, position: int, axis_names: tuple[str, ...]) -> list[int]:
         base = self.coords(position)
@@ -133,12 +142,3 @@ class Mesh:
             ("slice", self.slice_id or "-"),
         ]
         return card("pathdask.Mesh", f"{self.size} device(s)", table(rows), mesh_svg(self))
-
-
-@functools.lru_cache(maxsize=4096)
-def _group_cached(mesh: Mesh, position: int, axis_names: tuple[str, ...]) -> tuple[int, ...]:
-    return tuple(mesh._group(position, axis_names))
-
-
-def _group(mesh: Mesh, position: int, axis_names: tuple[str, ...]) -> list[int]:
-    return list(_group_cached(mesh, position, axis_names))

@@ -41,7 +41,8 @@ def test_a_peer_that_never_comes_times_out_instead_of_hanging():
     with dask.config.set({"pathdask.collective-timeout": "1s"}), \
             pw.LocalSystem(SMALL, processes=False, dashboard_address=None) as system:
         with system.client(name="slow") as client:
-            mesh = client.mesh({"x": 2})
+            # two hosts: a body that blocks for real holds the other devices of its host
+            mesh = client.mesh({"x": 2}, placement="spread")
             @pw.function(in_specs=P("x"), out_specs=P())
             def late(b):
                 if pw.axis_index("x") == 1:

@@ -1,14 +1,15 @@
-"""Device streams: one thread per modelled device, running gangs in the global order."""
+"""Device streams: one per modelled device, running gangs in the global order (``driver.py``
+says which thread runs each)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from typing import NamedTuple
 
 from ..topology import DeviceInfo
 from .bounded import newest
+from .driver import Driver, Waitable
 from .execute import run_op
 from .host import Host
 from .ledger import HostProgram
@@ -55,11 +56,11 @@ class DeviceStream:
     thread; others read them (``head`` is an immutable tuple, replaced whole).
     """
 
-    def __init__(self, host: Host, info: DeviceInfo) -> None:
+    def __init__(self, host: Host, info: DeviceInfo, driver: Driver | None = None) -> None:
         self.host = host
         self.info = info
         self.order: deque[str] = deque()
-        self.cond = threading.Condition()
+        self.cond = Waitable(driver)
         self.closing = False
         self.busy_s = 0.0
         self.gangs_run = 0
@@ -72,12 +73,6 @@ class DeviceStream:
         #: recent gangs, for timelines and the dashboard; ``recorded`` counts every one ever
         self.timeline: deque[GangRecord] = deque(maxlen=20000)
         self.recorded = 0
-        self.thread = threading.Thread(
-            target=self._run, name=f"pathdask-device-{info.id}", daemon=True
-        )
-
-    def start(self) -> None:
-        self.thread.start()
 
     def enqueue(self, pid: str) -> None:
         with self.cond:
@@ -146,7 +141,8 @@ class DeviceStream:
             while gang not in (prog.released or ()) and prog.check(gang) is None and not self.closing:
                 self.cond.wait(0.1)
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """The device's loop, on a thread of its own or a greenlet of its host's driver."""
         last_end: float | None = None  # end of the previous gang if another one was queued
         clock = 0.0  # modelled end of the previous gang
         while True:

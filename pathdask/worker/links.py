@@ -113,6 +113,8 @@ class LinkModel:
         #: recent transfers that arrived here
         self.transfers: deque[Transfer] = deque(maxlen=log)
         self._infos: dict[int, DeviceInfo] = {}
+        #: (sending, receiving device) -> (link class, link, sender's port, receiver's port)
+        self._routes: dict[tuple[int, int], tuple[str, Link | None, Port | None, Port | None]] = {}
 
     def _info(self, device: int) -> DeviceInfo:
         info = self._infos.get(device)
@@ -127,30 +129,37 @@ class LinkModel:
             port = self.ports[key] = Port()
         return port
 
-    def _class(self, a: DeviceInfo, b: DeviceInfo) -> tuple[str, Link | None]:
-        cls = self.topology.link_class(a, b)
-        return cls, self.topology.link(cls)
+    def _route(self, src: int, dst: DeviceInfo) -> tuple[str, Link | None, Port | None, Port | None]:
+        """How pieces go from device ``src`` to ``dst``, worked out once per pair (hold ``lock``)."""
+        route = self._routes.get((src, dst.id))
+        if route is None:
+            source = self._info(src)
+            cls = self.topology.link_class(source, dst)
+            link = self.topology.link(cls)
+            sending, receiving = SIDES.get(cls, (None, ""))
+            route = self._routes[(src, dst.id)] = (
+                cls, link, self._port(sending, source) if link and sending else None,
+                self._port(receiving, dst) if link and receiving else None)
+        return route
 
     def depart(self, src: DeviceInfo, dst: DeviceInfo, nbytes: int, start: float, scale: float = 1.0) -> float:
         """Book the sender's port for a piece sent at ``start``; returns when it may start to
         move (the stamp that travels with the piece)."""
-        cls, link = self._class(src, dst)
-        side = SIDES.get(cls, (None, ""))[0]
-        if link is None or side is None:
-            return start
         with self.lock:
-            return self._port(side, src).book(start, nbytes * scale / link.bandwidth, nbytes, scale)
+            _, link, port, _ = self._route(src.id, dst)
+            if link is None or port is None:
+                return start
+            return port.book(start, nbytes * scale / link.bandwidth, nbytes, scale)
 
     def arrival(self, src: int, dst: DeviceInfo, nbytes: int, ready: float, scale: float = 1.0) -> float:
         """Book the receiver's port for a piece that may start to move at ``ready``; returns
         when it is modelled to be in ``dst``'s memory."""
-        source = self._info(src)
-        cls, link = self._class(source, dst)
-        if link is None:
-            return ready
-        seconds = nbytes * scale / link.bandwidth
         with self.lock:
-            begin = self._port(SIDES[cls][1], dst).book(ready, seconds, nbytes, scale)
+            cls, link, _, port = self._route(src, dst)
+            if link is None or port is None:
+                return ready
+            seconds = nbytes * scale / link.bandwidth
+            begin = port.book(ready, seconds, nbytes, scale)
             self.pair_bytes[(src, dst.id)] = self.pair_bytes.get((src, dst.id), 0) + nbytes
             end = begin + seconds + link.latency
             self.transfers.append(Transfer(begin, end, src, dst.id, cls, nbytes))

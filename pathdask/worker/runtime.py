@@ -9,7 +9,8 @@ Threads and ownership:
 - the worker's event loop runs handlers, stream handlers (calls arrive as one)
   and the dispatch tasks of programs submitted as graphs;
   it alone owns ``plans``, ``owned``, ``released_early`` and the waiter lists;
-- device threads run gangs (``device.py``); socket receivers deliver pieces;
+- device streams run gangs (``device.py``), all on one driver thread or one thread
+  each (``driver.py``); socket receivers deliver pieces;
 - state they share lives in objects that lock it themselves: the
   :class:`~pathdask.worker.ledger.Ledger`, the
   :class:`~pathdask.worker.store.BufferStore` and the
@@ -44,6 +45,8 @@ from .activity import activity
 from .bounded import remember
 from .chunks import Reassembly
 from .device import DeviceStream
+from .driver import DRIVERS, Driver
+from .driver import current as current_driver
 from .futures import resolve
 from .ledger import HostProgram, Ledger
 from .links import LinkModel
@@ -58,6 +61,9 @@ if TYPE_CHECKING:
     from distributed import Worker
 
 logger = logging.getLogger("pathdask.worker")
+
+#: a piece on its way: (exchange key, source device, value, (modelled ready time, scale))
+Piece = tuple[tuple[str, int, int, int], int, np.ndarray, tuple[float, float]]
 
 
 class HostRuntime(WorkerPlugin):
@@ -90,6 +96,9 @@ class HostRuntime(WorkerPlugin):
         if self.chunk <= 0:
             raise ValueError(f"pathdask.transfer-chunk must be a positive size such as '8 MiB', got "
                              f"{dask.config.get('pathdask.transfer-chunk')!r}")
+        driven = dask.config.get("pathdask.driver")
+        if driven not in DRIVERS:
+            raise ValueError(f"pathdask.driver must be one of {', '.join(map(repr, DRIVERS))}, got {driven!r}")
         requested = dask.config.get("pathdask.worker.host", None)
         if requested is None and isinstance(worker.name, int):
             requested = worker.name
@@ -106,9 +115,11 @@ class HostRuntime(WorkerPlugin):
             d.id: DeviceInfo(d.id, d.island, d.host, d.index, worker.address)
             for d in self.topology.devices_of_host(self.island, self.host)
         }
+        # one driver thread for this host's devices, or (``device``) a thread each
+        driver = Driver(f"pathdask-host-i{self.island}h{self.host}", [], self._flush) if driven == "host" else None
         self.store = BufferStore({d: self.topology.hbm for d in self.devices}, self.loop,
-                                 parse_timedelta(dask.config.get("pathdask.allocation-timeout")))
-        self.mailbox = Mailbox(parse_timedelta(dask.config.get("pathdask.collective-timeout")))
+                                 parse_timedelta(dask.config.get("pathdask.allocation-timeout")), driver)
+        self.mailbox = Mailbox(parse_timedelta(dask.config.get("pathdask.collective-timeout")), driver)
         self.links = LinkModel(self.topology)
         self.ledger = Ledger()
         self.plans = PlanCache(worker.address)
@@ -120,7 +131,13 @@ class HostRuntime(WorkerPlugin):
         self._program_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._gates_lock = threading.Lock()
         self._gates: dict[tuple[str, int, int], threading.Event] = {}  # sequential dispatch
-        self.streams = {d: DeviceStream(self, info) for d, info in self.devices.items()}
+        self.streams = {d: DeviceStream(self, info, driver) for d, info in self.devices.items()}
+        if driver is not None:
+            driver.targets = [s.run for s in self.streams.values()]
+            self.threads = [driver.thread]
+        else:
+            self.threads = [threading.Thread(target=s.run, name=f"pathdask-device-{d}", daemon=True)
+                            for d, s in self.streams.items()]
         worker.handlers.update(
             pathdask_stream=self.peers.handle_stream,
             pathdask_plans=self.add_plans,
@@ -149,8 +166,8 @@ class HostRuntime(WorkerPlugin):
             "pathdask-host-lost": self.peers.mark_lost,
             "pathdask-host-joined": self.peers.mark_joined,
         })
-        for s in self.streams.values():
-            s.start()
+        for t in self.threads:
+            t.start()
         self.watch = StallWatch(self, parse_timedelta(dask.config.get("pathdask.stall-warning")))
         self.watch.start()
         logger.info("pathdask host i%d h%d up with devices %s", self.island, self.host, list(self.devices))
@@ -167,8 +184,8 @@ class HostRuntime(WorkerPlugin):
             self.drop_program(pid, cause)
         for s in self.streams.values():
             s.close()
-        for s in self.streams.values():
-            await asyncio.to_thread(s.thread.join, 5)
+        for t in self.threads:
+            await asyncio.to_thread(t.join, 5)
         await self.peers.close()
 
     def on_message_rpc(self, msg: dict[str, Any]) -> None:
@@ -409,18 +426,24 @@ class HostRuntime(WorkerPlugin):
         now = time.perf_counter()
         start = now if start is None else start
         stream = self.streams[me.id]
-        remote: dict[str, list[tuple[tuple[str, int, int, int], int, Any, tuple[float, float]]]] = defaultdict(list)
+        remote: dict[str, list[Piece]] = defaultdict(list)
+        local: list[Piece] = []
         for dst, value in sends.items():
             key = (pid, gang, seq, dst.id)
             if dst.id != me.id:
                 stream.bytes_out += value.nbytes
             stamp = (self.links.depart(me, dst, value.nbytes, start, scale), scale)
-            if dst.address == self.address:
-                self._deliver(key, me.id, value, stamp)
-            else:
-                remote[dst.address].append((key, me.id, value, stamp))
-        for addr, pieces in remote.items():
-            self._send_pieces(addr, pieces)
+            (local if dst.address == self.address else remote[dst.address]).append((key, me.id, value, stamp))
+        if local:
+            self._deliver(local)
+        driver = current_driver()
+        if driver is None:
+            for addr, pieces in remote.items():
+                self._send_pieces(addr, pieces)
+        elif remote:  # with the host's other devices' pieces for the same peers, once they ran
+            for addr, pieces in remote.items():
+                driver.defer(addr, pieces)
+            driver.pause()
         if not sources:
             return {}, start
         sent = time.perf_counter()
@@ -437,8 +460,7 @@ class HostRuntime(WorkerPlugin):
         wait_until(deadline, lambda: self.mailbox.check(pid, gang))
         return values, deadline
 
-    def _send_pieces(self, addr: str,
-                     pieces: list[tuple[tuple[str, int, int, int], int, np.ndarray, tuple[float, float]]]) -> None:
+    def _send_pieces(self, addr: str, pieces: list[Piece]) -> None:
         """Small pieces go in one message; each large one streams in chunks (``chunks.py``)."""
         small = [(k, s, contiguous(v), r) for k, s, v, r in pieces if v.nbytes <= self.chunk]
         if small:
@@ -448,6 +470,10 @@ class HostRuntime(WorkerPlugin):
                 for offset, data in split(value, self.chunk):
                     self.peers.send_chunk(addr, (key, src, value.shape, value.dtype.str, offset, stamp), data)
 
+    def _flush(self, outbox: dict[str, list[Piece]]) -> None:
+        for addr, pieces in outbox.items():
+            self._send_pieces(addr, pieces)
+
     def _on_message(self, message: tuple[Any, ...]) -> None:
         if message[0] == "xfer":
             self.on_xfer(message[1])
@@ -455,23 +481,20 @@ class HostRuntime(WorkerPlugin):
             meta = message[1]
             piece = self.reassembly.landed(meta, message[2])
             if piece is not None:
-                self._deliver(meta[0], meta[1], piece, meta[5])
+                self._deliver([(meta[0], meta[1], piece, meta[5])])
         elif message[0] == "abort":
             self.on_abort(*message[1:])
 
     def on_xfer(self, pieces: list[Any]) -> None:
-        for key, src, value, stamp in pieces:
-            self._deliver(tuple(key), src, value, stamp)  # type: ignore[arg-type]
+        self._deliver([(tuple(key), src, value, stamp) for key, src, value, stamp in pieces])
 
-    def _deliver(self, key: tuple[str, int, int, int], src: int, value: np.ndarray,
-                 stamp: tuple[float, float]) -> None:
-        """A piece is here: its receiving port is booked now, in the order pieces come, and the
-        mailbox holds it with its modelled arrival."""
-        ready, scale = stamp
-        arrival = self.links.arrival(src, self.devices[key[3]], value.nbytes, ready, scale)
-        mismatch = self.mailbox.deliver(key, src, value, arrival)
-        if mismatch is not None:  # the destination returned without this collective: fail the gang
-            self.abort(key[0], key[1], mismatch.hosts, mismatch.error())
+    def _deliver(self, pieces: list[Piece]) -> None:
+        """Pieces are here: their receiving ports are booked now, in the order they came, and
+        the mailbox holds them with their modelled arrivals."""
+        arrived = [(key, src, value, self.links.arrival(src, self.devices[key[3]], value.nbytes, *stamp))
+                   for key, src, value, stamp in pieces]
+        for mismatch in self.mailbox.deliver(arrived):  # a destination returned without this collective
+            self.abort(mismatch.key[0], mismatch.key[1], mismatch.hosts, mismatch.error())
 
     def close_gang(self, pid: str, gang: GangSpec, device: int, collectives: int) -> None:
         """``device``'s body of ``gang`` returned after ``collectives`` collectives (device thread)."""

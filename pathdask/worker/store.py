@@ -8,7 +8,6 @@ to read it; when both are gone it is freed and its bytes return to the device.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from dask.utils import format_bytes
 from ..errors import DeviceOutOfMemoryError
 from ..ops import BufferKey
 from .bounded import remember
+from .driver import Driver, Waitable
 from .futures import fail, resolve
 
 StoreKey = tuple[str, int, int]  # (program id, value id, device id)
@@ -61,11 +61,11 @@ class BufferStore:
     """
 
     def __init__(self, capacities: dict[int, int], loop: asyncio.AbstractEventLoop,
-                 allocation_timeout: float = 60.0) -> None:
+                 allocation_timeout: float = 60.0, driver: Driver | None = None) -> None:
         self.allocation_timeout = allocation_timeout
         self.memory = {d: DeviceMemory(c) for d, c in capacities.items()}
         self.buffers: dict[StoreKey, Buffer] = {}
-        self.cond = threading.Condition()
+        self.cond = Waitable(driver)
         self.loop = loop
         self._empty_waiters: list[asyncio.Future[Any]] = []
         self._declared_waiters: dict[StoreKey, list[asyncio.Future[Any]]] = {}

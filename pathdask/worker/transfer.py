@@ -11,7 +11,6 @@ which the link model gives (``links.py``).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -22,6 +21,7 @@ import numpy as np
 
 from ..errors import GangAbortedError
 from .bounded import remember
+from .driver import Driver, Waitable, sleep_until
 
 SlotKey = tuple[str, int, int, int]  # (program, gang, seq, destination device)
 Piece = tuple[np.ndarray, float]  # a piece and its modelled arrival (``links.py``)
@@ -64,9 +64,9 @@ class Mailbox:
     and the event loop all deliver, wait and abort).
     """
 
-    def __init__(self, timeout: float = 120.0) -> None:
+    def __init__(self, timeout: float = 120.0, driver: Driver | None = None) -> None:
         self.timeout = timeout
-        self.cond = threading.Condition()
+        self.cond = Waitable(driver)
         #: per exchange key, per source device: (the piece, its modelled arrival; see links.py)
         self.slots: dict[SlotKey, dict[int, Piece]] = {}
         self.aborted: dict[tuple[str, int], BaseException] = {}
@@ -79,17 +79,19 @@ class Mailbox:
         #: hosts) once its body returned; a piece for a later collective is a mismatch
         self.closed: OrderedDict[tuple[str, int, int], tuple[int, str, frozenset[str]]] = OrderedDict()
 
-    def deliver(self, key: SlotKey, src: int, value: np.ndarray, arrival: float) -> Mismatch | None:
-        """Hand a piece to its device; a :class:`Mismatch` if that device will never collect it."""
+    def deliver(self, pieces: list[tuple[SlotKey, int, np.ndarray, float]]) -> list[Mismatch]:
+        """Hand pieces ``(key, source, value, modelled arrival)`` to their devices, waking them
+        once; a :class:`Mismatch` for each piece whose device will never collect it."""
+        mismatches = []
         with self.cond:
-            closed = self.closed.get((key[0], key[1], key[3]))
-            if closed is not None and key[2] >= closed[0]:
-                return Mismatch(key, src, *closed)
-            if key[0] in self.finished:
-                return None  # its gang was aborted on this host: nothing waits for it
-            self.slots.setdefault(key, {})[src] = (value, arrival)
+            for key, src, value, arrival in pieces:
+                closed = self.closed.get((key[0], key[1], key[3]))
+                if closed is not None and key[2] >= closed[0]:
+                    mismatches.append(Mismatch(key, src, *closed))
+                elif key[0] not in self.finished:  # else its gang was aborted here: nothing waits
+                    self.slots.setdefault(key, {})[src] = (value, arrival)
             self.cond.notify_all()
-            return None
+        return mismatches
 
     def close_gang(self, program: str, gang: int, device: int, collectives: int, name: str,
                    hosts: frozenset[str]) -> Mismatch | None:
@@ -190,4 +192,4 @@ def wait_until(deadline: float, is_aborted: Callable[[], BaseException | None] |
             cause = is_aborted()
             if cause is not None:
                 raise Aborted(cause)
-        time.sleep(min(remaining, 0.1))
+        sleep_until(min(deadline, time.perf_counter() + 0.1))

@@ -1,0 +1,169 @@
+"""One driver thread per host (``pathdask.driver``): waits yield, pokes wake, sends batch."""
+
+import threading
+import time
+
+import dask
+import numpy as np
+import pytest
+
+import pathdask as pw
+from pathdask import P
+from pathdask.worker.driver import Driver, Waitable, current, sleep_until
+
+from .conftest import SMALL, assert_clean
+
+
+def _drive(targets, flush=None):
+    """Run ``targets`` as one driver's devices; returns the driver once every target ended."""
+    flushed = []
+    driver = Driver("test-driver", [], flush or flushed.append)
+    driver.targets = [t(driver) for t in targets]
+    driver.start()
+    driver.thread.join(30)
+    assert not driver.thread.is_alive(), "the driver hung"
+    driver.flushed = flushed
+    return driver
+
+
+def test_devices_wait_on_each_other_in_one_thread():
+    """Two devices hand a token back and forth through a Waitable: each wait yields the
+    thread to the other, so both finish on the one driver thread."""
+    seen, threads = [], set()
+
+    def device(me, rounds=50):
+        def make(driver):
+            cond = Waitable(driver)
+            device.conds.append(cond)
+
+            def run():
+                threads.add(threading.get_ident())
+                assert current() is driver
+                for _ in range(rounds):
+                    with cond:
+                        while state["turn"] != me:
+                            cond.wait()
+                        seen.append(me)
+                        state["turn"] = 1 - me
+                    for c in device.conds:
+                        with c:
+                            c.notify_all()
+            return run
+        return make
+
+    device.conds = []
+    state = {"turn": 0}
+    _drive([device(0), device(1)])
+    assert seen == [0, 1] * 50
+    assert len(threads) == 1
+
+
+def test_a_notify_from_another_thread_wakes_a_parked_device():
+    box = {}
+    ready = threading.Event()
+
+    def make(driver):
+        cond = box["cond"] = Waitable(driver)
+
+        def run():
+            with cond:
+                ready.set()
+                while "value" not in box:
+                    cond.wait()
+        return run
+
+    def poke():
+        ready.wait(10)
+        with box["cond"]:
+            box["value"] = 1
+            box["cond"].notify()
+
+    t = threading.Thread(target=poke)
+    t.start()
+    _drive([make])
+    t.join()
+    assert box["value"] == 1
+
+
+def test_a_timed_wait_and_a_sleep_end_on_time_while_the_other_device_runs():
+    log = []
+
+    def sleeper(driver):
+        def run():
+            sleep_until(time.perf_counter() + 0.05)
+            log.append("slept")
+            cond = Waitable(driver)
+            with cond:
+                assert cond.wait(0.02)  # nothing notifies: the deadline ends it
+            log.append("waited")
+        return run
+
+    def worker(driver):
+        def run():
+            log.append("ran")
+        return run
+
+    _drive([sleeper, worker])
+    assert log == ["ran", "slept", "waited"]
+
+
+def test_sends_of_the_devices_of_one_host_go_together():
+    """What the devices defer before they pause is flushed as one batch per peer."""
+    def device(piece):
+        def make(driver):
+            def run():
+                driver.defer("peer", [piece])
+                driver.pause()
+            return run
+        return make
+
+    driver = _drive([device("a"), device("b")])
+    assert driver.flushed == [{"peer": ["a", "b"]}]
+
+
+def test_a_failing_device_does_not_stop_the_others(caplog):
+    done = []
+
+    def bad(driver):
+        def run():
+            raise RuntimeError("boom")
+        return run
+
+    def good(driver):
+        def run():
+            driver.pause()
+            done.append(True)
+        return run
+
+    _drive([bad, good])
+    assert done == [True]
+    assert "boom" in caplog.text
+
+
+@pytest.mark.parametrize("driver", ["host", "device"])
+def test_collectives_over_hosts_with_either_driver(driver):
+    with dask.config.set({"pathdask.driver": driver}), \
+            pw.LocalSystem(SMALL, processes=False, dashboard_address=None) as system:
+        with system.client(name=driver) as client:
+            mesh = client.mesh({"x": 4}, island=0)
+
+            @pw.function(in_specs=P("x"), out_specs=P("x"))
+            def step(b):
+                return pw.pmean(b, "x") + b
+
+            x = client.put(np.arange(4.0), mesh, P("x"))
+            for _ in range(3):
+                x = step(x)
+            expect = np.arange(4.0)
+            for _ in range(3):
+                expect = expect.mean() + expect
+            np.testing.assert_allclose(x.result(), expect)
+            del x
+        assert_clean(system)
+
+
+def test_a_bad_driver_setting_is_a_value_error():
+    with dask.config.set({"pathdask.driver": "butler"}), \
+            pytest.raises(ValueError, match="pathdask.driver must be one of 'host', 'device', got 'butler'"):
+        pw.LocalSystem(pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1),
+                       processes=False, dashboard_address=None).start()
