@@ -98,6 +98,10 @@ class LocalSystem:
             # server listens even without a dashboard: keep it on a free loopback port.
             cluster_kwargs.setdefault("scheduler_kwargs", {})["dashboard"] = False
             dashboard_address = "127.0.0.1:0"
+        # A worker's Dask data holds the handles of program outputs; their buffers live in the
+        # device stores, under modelled HBM. A plain dict keeps Dask from weighing and spilling
+        # those handles on every call.
+        cluster_kwargs.setdefault("data", dict)
         self._cluster_kwargs = dict(
             n_workers=self.topology.num_hosts,
             # one Dask thread per device: sequential dispatch runs one task per device at once

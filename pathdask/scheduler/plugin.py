@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -321,13 +322,23 @@ class PathwaysScheduler(SchedulerPlugin):
         call is slotted. A call that cannot be made fails alone: the client's futures of
         its keys err, and the program is dropped on its hosts, so that its results raise.
         """
+        batch: dict[str, list[tuple[Any, ...]]] = defaultdict(list)  # per host, in call order
         for call in calls:
             try:
-                self._call(client, call)
+                self._call(client, call, batch)
             except Exception as e:  # noqa: BLE001 - answered to the client below
+                self._forward(client, batch)  # the calls before it reach their hosts before its drop
                 self._call_failed(client, call, e)
+        self._forward(client, batch)
 
-    def _call(self, client: str, call: dict[str, Any]) -> None:
+    def _forward(self, client: str, batch: dict[str, list[tuple[Any, ...]]]) -> None:
+        """Send each host its calls of one message as one message: the host puts all their
+        output keys' handles in its data at once."""
+        for addr, calls in batch.items():
+            self._tell(addr, {"op": "pathdask-dispatch", "client": client, "calls": calls})
+        batch.clear()
+
+    def _call(self, client: str, call: dict[str, Any], batch: dict[str, list[tuple[Any, ...]]]) -> None:
         pid = call["pid"]
         gone = sorted(addr for addr, *_ in call["hosts"]
                       if addr not in self.resources.hosts or addr not in self.scheduler.workers)
@@ -336,8 +347,7 @@ class PathwaysScheduler(SchedulerPlugin):
                                   "call it again on a new mesh")
         create_outputs(self.scheduler, client, call)
         for addr, plan, outputs in call["hosts"]:
-            self._tell(addr, {"op": "pathdask-dispatch", "pid": pid, "plan": plan, "inputs": call["inputs"],
-                              "client": client, "outputs": outputs})
+            batch[addr].append((pid, plan, call["inputs"], outputs))
         self._submit(client, {**call["program"],
                               "outputs": [(k, addr, j) for addr, _plan, outs in call["hosts"] for k, j in outs],
                               "deps": sorted({producer for producer, _ in call["inputs"]})})

@@ -241,23 +241,25 @@ class HostRuntime(WorkerPlugin):
             for d in devices:
                 self.streams[d].enqueue(pid)
 
-    def on_dispatch(self, pid: str, plan: str, inputs: list[Any], client: str,
-                    outputs: list[tuple[Any, int]]) -> None:
-        """A call reached this host (``scheduler/calls.py``): the handles of the output keys it
-        owns here go in the worker's data, and its part is registered.
+    def on_dispatch(self, client: str, calls: list[tuple[str, str, list[Any], list[tuple[Any, int]]]]) -> None:
+        """Calls reached this host (``scheduler/calls.py``), each ``(program id, plan id,
+        argument keys, output keys owned here)``, in call order: the handles of their output
+        keys go in the worker's data (all at once: one Dask state-machine event), and each
+        call's part is registered.
 
-        If it fails, the program is dropped here at once and the scheduler drops it on its
-        other hosts; its results raise the error.
+        A call that fails is dropped here at once and the scheduler drops it on its other
+        hosts; its results raise the error.
         """
         assert self.worker is not None
-        if outputs:
-            self.worker.update_data(data={as_key(k): (pid, j) for k, j in outputs},
-                                    stimulus_id=f"pathdask-call-{pid}")
-        try:
-            self.dispatch(pid, plan, tuple((str(p), int(v)) for p, v in inputs), client)
-        except Exception as e:  # noqa: BLE001 - the program's end carries it
-            self._send_scheduler({"op": "pathdask-dispatch-failed", "pid": pid,
-                                  "error": f"{type(e).__name__}: {e}", "cause": to_serialize(_picklable(e))})
+        data: dict[Any, object] = {as_key(k): (pid, j) for pid, _, _, outputs in calls for k, j in outputs}
+        if data:
+            self.worker.update_data(data=data, stimulus_id=f"pathdask-call-{calls[0][0]}")
+        for pid, plan, inputs, _ in calls:
+            try:
+                self.dispatch(pid, plan, tuple((str(p), int(v)) for p, v in inputs), client)
+            except Exception as e:  # noqa: BLE001 - the program's end carries it
+                self._send_scheduler({"op": "pathdask-dispatch-failed", "pid": pid, "error": f"{type(e).__name__}: {e}",
+                                      "cause": to_serialize(_picklable(e))})
 
     def dispatch(self, pid: str, plan: HostPlan | str, inputs: tuple[BufferKey, ...], client: str,
                  gated: bool = False) -> str:
