@@ -317,9 +317,9 @@ class PathwaysScheduler(SchedulerPlugin):
         """Program calls on the client's stream (``client/calls.py``), in the order they were
         made (a call never takes a slot before the calls it reads).
 
-        Each call's output keys are created in memory on their hosts; each host is sent
-        the call, before any later message (say, the release of an argument); then the
-        call is slotted. A call that cannot be made fails alone: the client's futures of
+        Each call's output keys are created in memory on their hosts, and the call is
+        slotted; each host is sent its calls of this message as one message, before any
+        later message (say, the release of an argument). A call that cannot be made fails alone: the client's futures of
         its keys err, and the program is dropped on its hosts, so that its results raise.
         """
         batch: dict[str, list[tuple[Any, ...]]] = defaultdict(list)  # per host, in call order
