@@ -14,16 +14,16 @@ from pathdask.worker.driver import Driver, Waitable, current, sleep_until
 from .conftest import SMALL, assert_clean
 
 
-def _drive(targets, flush=None):
-    """Run ``targets`` as one driver's devices; returns the driver once every target ended."""
+def _drive(targets):
+    """Run ``targets`` (each made from the driver) as one driver's devices; returns what it
+    flushed, once every target ended."""
     flushed = []
-    driver = Driver("test-driver", [], flush or flushed.append)
-    driver.targets = [t(driver) for t in targets]
-    driver.start()
-    driver.thread.join(30)
-    assert not driver.thread.is_alive(), "the driver hung"
-    driver.flushed = flushed
-    return driver
+    driver = Driver("test-driver", flushed.append)
+    thread = driver.drive([t(driver) for t in targets])
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the driver hung"
+    return flushed
 
 
 def test_devices_wait_on_each_other_in_one_thread():
@@ -112,13 +112,12 @@ def test_sends_of_the_devices_of_one_host_go_together():
     def device(piece):
         def make(driver):
             def run():
-                driver.defer("peer", [piece])
+                driver.defer({"peer": [piece]})
                 driver.pause()
             return run
         return make
 
-    driver = _drive([device("a"), device("b")])
-    assert driver.flushed == [{"peer": ["a", "b"]}]
+    assert _drive([device("a"), device("b")]) == [{"peer": ["a", "b"]}]
 
 
 def test_a_failing_device_does_not_stop_the_others(caplog):

@@ -319,8 +319,9 @@ class PathwaysScheduler(SchedulerPlugin):
 
         Each call's output keys are created in memory on their hosts, and the call is
         slotted; each host is sent its calls of this message as one message, before any
-        later message (say, the release of an argument). A call that cannot be made fails alone: the client's futures of
-        its keys err, and the program is dropped on its hosts, so that its results raise.
+        later message (say, the release of an argument). A call that cannot be made fails
+        alone: the client's futures of its keys err, and the program is dropped on its
+        hosts, so that its results raise.
         """
         batch: dict[str, list[tuple[Any, ...]]] = defaultdict(list)  # per host, in call order
         for call in calls:

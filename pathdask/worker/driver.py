@@ -48,7 +48,7 @@ def current() -> Driver | None:
 
 
 class Driver:
-    """One thread running ``targets`` (device streams' loops) as greenlets.
+    """One thread running device streams' loops (:meth:`drive`) as greenlets.
 
     ``flush(outbox)`` sends the pieces that devices deferred (:meth:`defer`),
     per peer address; the driver calls it whenever the devices that could run
@@ -58,9 +58,9 @@ class Driver:
     ``outbox`` are touched only on the driver thread.
     """
 
-    def __init__(self, name: str, targets: list[Callable[[], None]],
-                 flush: Callable[[dict[str, list[Any]]], None]) -> None:
-        self.targets, self.flush = targets, flush
+    def __init__(self, name: str, flush: Callable[[dict[str, list[Any]]], None]) -> None:
+        self.flush = flush
+        self.targets: list[Callable[[], None]] = []
         self.cond = threading.Condition(threading.Lock())
         self.gen = 0  # counts pokes: a greenlet parked at an older count may go on
         self.sleeping = False  # the driver waits in ``_woken``: a poke must notify it
@@ -70,8 +70,10 @@ class Driver:
         self.hub: greenlet | None = None
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def start(self) -> None:
-        self.thread.start()
+    def drive(self, targets: list[Callable[[], None]]) -> threading.Thread:
+        """The (unstarted) thread that will run ``targets``, each a device's loop."""
+        self.targets = targets
+        return self.thread
 
     # -- any thread --------------------------------------------------------------
     def poke(self) -> None:
@@ -99,12 +101,11 @@ class Driver:
         self.yielded.append(getcurrent())
         self.hub.switch()
 
-    def sleep_until(self, deadline: float) -> None:
-        self.park(None, deadline)
-
-    def defer(self, address: str, pieces: list[Any]) -> None:
-        """Send ``pieces`` to ``address`` with the other devices' pieces for it, once they ran."""
-        self.outbox[address].extend(pieces)
+    def defer(self, outbox: dict[str, list[Any]]) -> None:
+        """Send the pieces of ``outbox`` (by peer address) with the other devices' pieces for
+        the same peers, once they ran."""
+        for address, pieces in outbox.items():
+            self.outbox[address].extend(pieces)
 
     # -- the driver thread ---------------------------------------------------------
     def _run(self) -> None:
@@ -188,7 +189,7 @@ def sleep_until(deadline: float) -> None:
     thread to its other devices where they share one."""
     d = current()
     if d is not None:
-        d.sleep_until(deadline)
+        d.park(None, deadline)
     else:
         remaining = deadline - time.perf_counter()
         if remaining > 0:

@@ -116,7 +116,7 @@ class HostRuntime(WorkerPlugin):
             for d in self.topology.devices_of_host(self.island, self.host)
         }
         # one driver thread for this host's devices, or (``device``) a thread each
-        driver = Driver(f"pathdask-host-i{self.island}h{self.host}", [], self._flush) if driven == "host" else None
+        driver = Driver(f"pathdask-host-i{self.island}h{self.host}", self._flush) if driven == "host" else None
         self.store = BufferStore({d: self.topology.hbm for d in self.devices}, self.loop,
                                  parse_timedelta(dask.config.get("pathdask.allocation-timeout")), driver)
         self.mailbox = Mailbox(parse_timedelta(dask.config.get("pathdask.collective-timeout")), driver)
@@ -133,8 +133,7 @@ class HostRuntime(WorkerPlugin):
         self._gates: dict[tuple[str, int, int], threading.Event] = {}  # sequential dispatch
         self.streams = {d: DeviceStream(self, info, driver) for d, info in self.devices.items()}
         if driver is not None:
-            driver.targets = [s.run for s in self.streams.values()]
-            self.threads = [driver.thread]
+            self.threads = [driver.drive([s.run for s in self.streams.values()])]
         else:
             self.threads = [threading.Thread(target=s.run, name=f"pathdask-device-{d}", daemon=True)
                             for d, s in self.streams.items()]
@@ -440,11 +439,9 @@ class HostRuntime(WorkerPlugin):
             self._deliver(local)
         driver = current_driver()
         if driver is None:
-            for addr, pieces in remote.items():
-                self._send_pieces(addr, pieces)
+            self._flush(remote)
         elif remote:  # with the host's other devices' pieces for the same peers, once they ran
-            for addr, pieces in remote.items():
-                driver.defer(addr, pieces)
+            driver.defer(remote)
             driver.pause()
         if not sources:
             return {}, start
