@@ -161,6 +161,40 @@ def test_collectives_over_hosts_with_either_driver(driver):
         assert_clean(system)
 
 
+def _fail_next_send(dask_worker):
+    """The next pieces this host sends find their peer unreachable."""
+    peers = dask_worker.plugins["pathdask"].peers
+    real = peers.send
+
+    def failing(addr, kind, *args):
+        if kind != "xfer":
+            return real(addr, kind, *args)
+        peers.send = real
+        raise pw.DeviceLostError(f"injected: host {addr} cannot be reached")
+
+    peers.send = failing
+
+
+def test_pieces_the_driver_cannot_send_fail_their_gang_and_the_host_goes_on():
+    """The driver sends what its devices deferred after they moved on: a send that fails
+    fails their gang with the send's error, and the host runs the next program."""
+    with pw.LocalSystem(SMALL, processes=False, dashboard_address=None) as system:
+        with system.client(name="unreachable") as client:
+            mesh = client.mesh({"x": 2}, placement="spread")
+
+            @pw.function(in_specs=P("x"), out_specs=P())
+            def total(b):
+                return pw.psum(b, "x")
+
+            x = client.put(np.ones(2), mesh, P("x"))
+            client.dask.run(_fail_next_send, workers=[mesh.devices[0].address])
+            with pytest.raises(pw.DeviceLostError, match="injected: host .* cannot be reached"):
+                total(x).result(timeout=30)
+            np.testing.assert_array_equal(total(x).result(timeout=30), [2.0])
+            del x
+        assert_clean(system)
+
+
 def test_a_bad_driver_setting_is_a_value_error():
     with dask.config.set({"pathdask.driver": "butler"}), \
             pytest.raises(ValueError, match="pathdask.driver must be one of 'host', 'device', got 'butler'"):

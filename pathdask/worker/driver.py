@@ -52,7 +52,8 @@ class Driver:
 
     ``flush(outbox)`` sends the pieces that devices deferred (:meth:`defer`),
     per peer address; the driver calls it whenever the devices that could run
-    have run, before it blocks.
+    have run, before it blocks. It runs on the driver thread, so it must fail
+    the gangs of pieces it cannot send itself: their senders have moved on.
 
     Threads: ``gen`` and ``sleeping`` are guarded by ``cond``; ``parked``, ``yielded`` and
     ``outbox`` are touched only on the driver thread.
@@ -118,7 +119,10 @@ class Driver:
             live = [g for g in live if not g.dead]
             if self.outbox:
                 outbox, self.outbox = self.outbox, defaultdict(list)
-                self.flush(outbox)
+                try:
+                    self.flush(outbox)
+                except Exception:  # the devices must go on: a dead driver would hang its host
+                    logger.exception("pathdask: sending deferred pieces failed")
             ready, self.yielded = self.yielded, []
             ready += self._woken(block=not ready)
 

@@ -116,7 +116,8 @@ class HostRuntime(WorkerPlugin):
             for d in self.topology.devices_of_host(self.island, self.host)
         }
         # one driver thread for this host's devices, or (``device``) a thread each
-        driver = Driver(f"pathdask-host-i{self.island}h{self.host}", self._flush) if driven == "host" else None
+        driver = Driver(f"pathdask-host-i{self.island}h{self.host}", self._flush_deferred) \
+            if driven == "host" else None
         self.store = BufferStore({d: self.topology.hbm for d in self.devices}, self.loop,
                                  parse_timedelta(dask.config.get("pathdask.allocation-timeout")), driver)
         self.mailbox = Mailbox(parse_timedelta(dask.config.get("pathdask.collective-timeout")), driver)
@@ -470,8 +471,21 @@ class HostRuntime(WorkerPlugin):
                     self.peers.send_chunk(addr, (key, src, value.shape, value.dtype.str, offset, stamp), data)
 
     def _flush(self, outbox: dict[str, list[Piece]]) -> None:
+        """Send pieces by peer address (device thread: a failure fails the sender's gang)."""
         for addr, pieces in outbox.items():
             self._send_pieces(addr, pieces)
+
+    def _flush_deferred(self, outbox: dict[str, list[Piece]]) -> None:
+        """The driver sends what its devices deferred. A peer that cannot be reached fails the
+        gangs whose pieces were for it, as it would have failed their senders' gangs."""
+        for addr, pieces in outbox.items():
+            try:
+                self._send_pieces(addr, pieces)
+            except Exception as e:  # noqa: BLE001 - contained to those gangs
+                for pid, gang in dict.fromkeys((key[0], key[1]) for key, *_ in pieces):
+                    prog = self.ledger.get(pid)
+                    if prog is not None:
+                        self.abort_gang(prog, prog.plan.gangs[gang], e)
 
     def _on_message(self, message: tuple[Any, ...]) -> None:
         if message[0] == "xfer":
