@@ -1,7 +1,7 @@
 """Messages between host runtimes: piece deliveries and gang aborts.
 
 By default they go over :class:`~pathdask.worker.transport.SocketTransport`,
-written straight from the device threads. Hosts that run in one process (a
+written straight from the threads that run the devices (``driver.py``). Hosts that run in one process (a
 ``LocalSystem(processes=False)``) hand them to each other as plain calls on the
 sending thread, with ``pathdask.in-process-peers`` (the default): no socket, no
 receiver thread, no pickling; the modelled link times stay as they are. With ``pathdask.transport: dask`` they
