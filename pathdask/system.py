@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from distributed import Client as DaskClient
-from distributed import LocalCluster, Security
+from distributed import LocalCluster, Scheduler, Security
 
 from .client.client import Client
 from .diagnosis import Diagnosis
@@ -102,13 +102,21 @@ class LocalSystem:
         # device stores, under modelled HBM. A plain dict keeps Dask from weighing and spilling
         # those handles on every call.
         cluster_kwargs.setdefault("data", dict)
+        protocol = "tls" if self.security is not None and self.security.require_encryption else "tcp"
+        scheduler_kwargs = cluster_kwargs.setdefault("scheduler_kwargs", {})
+        #: clients made by :meth:`client` live in this process, as the scheduler does: they reach it
+        #: through Dask's in-process comm (no socket, no serialization); hosts and other processes
+        #: use the scheduler's network address. Not with TLS, whose settings cover every comm.
+        self._inproc = protocol == "tcp" and not {"protocol", "host", "port"} & set(scheduler_kwargs)
+        if self._inproc:
+            scheduler_kwargs.update(protocol=[protocol, "inproc"], host=["127.0.0.1", None],
+                                    port=[cluster_kwargs.pop("scheduler_port", 0), None])
         self._cluster_kwargs = dict(
             n_workers=self.topology.num_hosts,
             # one Dask thread per device: sequential dispatch runs one task per device at once
             threads_per_worker=threads_per_worker or self.topology.devices_per_host,
             processes=processes, host="127.0.0.1", dashboard_address=dashboard_address,
-            protocol="tls" if self.security is not None and self.security.require_encryption else "tcp",
-            security=self.security,
+            protocol=protocol, security=self.security,
             worker_dashboard_address=None, silence_logs=silence_logs, **cluster_kwargs,
         )
         self.cluster: LocalCluster | None = None
@@ -172,9 +180,19 @@ class LocalSystem:
             raise RuntimeError("This LocalSystem is not started; use `with LocalSystem(...)` or .start()")
         return self.cluster
 
+    @property
+    def client_address(self) -> str:
+        """The scheduler address for a client in this process: its in-process comm where it has one."""
+        cluster = self._require()
+        if self._inproc:
+            assert isinstance(cluster.scheduler, Scheduler)
+            return next(ln.contact_address for ln in cluster.scheduler.listeners
+                        if ln.contact_address.startswith("inproc://"))
+        return cluster.scheduler_address
+
     def client(self, name: str = "client", weight: float = 1.0) -> Client:
         """A new pathdask client (one tenant) connected to this system."""
-        c = Client(self.scheduler_address, name=name, weight=weight, security=self.security)
+        c = Client(self.client_address, name=name, weight=weight, security=self.security)
         self._clients.append(c)
         return c
 

@@ -37,6 +37,7 @@ from distributed.protocol import to_serialize
 
 from ..chunking import split
 from ..errors import DeviceLostError, DispatchError, GangAbortedError
+from ..gather import encode_block
 from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, ReshardOp, as_key
 from ..sharding import contiguous
 from ..streams import tighten
@@ -585,7 +586,7 @@ class HostRuntime(WorkerPlugin):
                 cause = self.ledger.dropped(pid)
                 if cause is not None:
                     raise cause
-                out.append(to_serialize(await self.store.wait_value((pid, vid), dev)))
+                out.append(encode_block(await self.store.wait_value((pid, vid), dev)))
             return {"values": out}
         except Exception as e:
             return {"error": error_message(e)}
