@@ -32,3 +32,32 @@ def test_a_64_mib_put_adds_almost_nothing_to_the_scheduler(system, client):
     replicated = client.put(data[:1024], mesh, P())  # one copy per host, not per device
     np.testing.assert_array_equal(replicated.result(timeout=60), data[:1024])
     del x, replicated
+
+
+@pytest.mark.parametrize(("value", "inline"), [
+    (np.arange(6.0).reshape(2, 3), True),
+    (np.array(7, dtype=np.int16), True),
+    (np.array([0, 1, 2], dtype="datetime64[s]"), True),
+    (np.zeros(1 << 14), False),  # 128 KiB: over INLINE_BYTES, Dask's frames
+    (np.zeros(3, dtype=[("a", "f4"), ("b", "i8")]), False),  # structured: Dask's serialization
+])
+def test_fetched_blocks_round_trip_through_a_reply(value, inline):
+    """Small plain blocks travel inside the fetch reply as bytes; others as Dask-serialized frames.
+    Both come back equal, with their dtype and shape, through Dask's own message encoding."""
+    from distributed.protocol import dumps, loads
+
+    from pathdask.gather import decode_block, encode_block
+
+    encoded = encode_block(value)
+    assert (isinstance(encoded, tuple) and encoded[0] == "inline") == inline
+    back = decode_block(loads(dumps({"values": [encoded]}))["values"][0])
+    assert back.dtype == value.dtype and back.shape == value.shape
+    np.testing.assert_array_equal(back, value)
+
+
+def test_a_local_systems_clients_reach_its_scheduler_in_process(system, client):
+    """Clients of a LocalSystem talk to its scheduler without a socket; its hosts use TCP."""
+    assert system.client_address.startswith("inproc://")
+    assert client.dask.scheduler.address == system.client_address
+    assert system.scheduler_address.startswith("tcp://")
+    assert all(a.startswith("tcp://") for a in client.dask.scheduler_info()["workers"])

@@ -45,6 +45,7 @@ def _transport_of(client: pw.Client, addr: str) -> str:
 def test_a_system_with_tls_moves_pieces_over_tls():
     with pw.LocalSystem(SMALL, processes=True, dashboard_address=None, security=True) as system:
         assert system.scheduler_address.startswith("tls://")
+        assert system.client_address == system.scheduler_address  # TLS covers the client's comm too
         with system.client(name="secure") as client:
             mesh = client.mesh({"x": 4}, island=0)
             assert len(mesh.hosts) == 2
