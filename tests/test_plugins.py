@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathdask.scheduler.plugin import HANDLERS
 
 WORKER_HANDLERS = {"pathdask_stream", "pathdask_fetch", "pathdask_save", "pathdask_message", "pathdask_plans", "pathdask_diagnose", "pathdask_status", "pathdask_stats", "pathdask_wait_idle",
-                   "pathdask_timeline", "pathdask_activity", "pathdask_reset_observations", "pathdask_transport",
+                   "pathdask_timeline", "pathdask_activity", "pathdask_reset_observations",
                    "pathdask_transfers"}
 WORKER_STREAM_OPS = {"pathdask-order", "pathdask-dispatch", "pathdask-xfer", "pathdask-chunk", "pathdask-abort", "pathdask-drop-client",
                      "pathdask-release-outputs", "pathdask-drop-programs", "pathdask-host-lost",

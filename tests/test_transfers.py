@@ -58,3 +58,35 @@ def test_a_same_host_move_shares_the_immutable_block(system, client):
     shared = [p for pairs in client.dask.run(_shared_buffers).values() for p in pairs]
     assert sorted(map(sorted, shared)) == [[a, b], [a, b]], shared  # each block is on both devices
     del x, moved
+
+
+def _peers(dask_worker) -> tuple[str, dict[str, str]]:
+    peers = dask_worker.plugins["pathdask"].peers
+    with peers._lock:
+        return peers.address, dict(peers.addresses)
+
+
+def test_hosts_learn_each_others_transport_when_they_join():
+    """Each host's transport address reaches every other host with its registration, so a
+    device never asks a peer, which may be dead, before its first piece; a host that has not
+    heard of one asks the scheduler."""
+    with dask.config.set({"pathdask.in-process-peers": False}), \
+            pw.LocalSystem(SMALL, processes=False, dashboard_address=None) as system:
+        with system.client(name="peers") as client:
+            known = client.dask.run(_peers)
+            own = {addr: transport for addr, (transport, _) in known.items()}
+            assert len(own) == SMALL.num_hosts and all(own.values())
+            for addr, (_, table) in known.items():
+                assert table == {a: t for a, t in own.items() if a != addr}
+
+            mesh = client.mesh({"x": 4}, island=0)
+            first = sorted(mesh.hosts)[0]
+            client.dask.run(lambda dask_worker: dask_worker.plugins["pathdask"].peers.addresses.clear(),
+                            workers=[first])
+            x = client.put(np.arange(4.0), mesh, P("x"))
+            total = pw.function(lambda b: pw.psum(b, "x"), in_specs=P("x"), out_specs=P("x"))(x)
+            np.testing.assert_array_equal(total.result(), np.full(4, 6.0))
+            _, table = client.dask.run(_peers, workers=[first])[first]
+            assert table == {a: own[a] for a in mesh.hosts if a != first}
+            del x, total
+        assert_clean(system)

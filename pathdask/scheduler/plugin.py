@@ -27,6 +27,7 @@ from ..ops import as_key, dispatched_program
 from ..streams import tighten
 from ..topology import Topology
 from ..worker.links import add_stats
+from ..worker.peers import TOKEN_BYTES
 from .calls import call_keys, create_outputs, supported
 from .interruptions import TOPIC, Interruptions
 from .order import IslandScheduler, Submission, make_policy
@@ -39,6 +40,7 @@ logger = logging.getLogger("pathdask.scheduler")
 
 HANDLERS = (
     "pathdask_register_host",
+    "pathdask_transport_of",
     "pathdask_host_failed",
     "pathdask_register_client",
     "pathdask_info",
@@ -102,7 +104,9 @@ class PathwaysScheduler(SchedulerPlugin):
         #: output key -> (address of the host it owns buffers on, program, output index)
         self.output_owners: dict[Any, tuple[str, str, int]] = {}
         #: the secret hosts present to each other on the socket transport (sent over Dask comms)
-        self.transport_token = secrets.token_bytes(32)
+        self.transport_token = secrets.token_bytes(TOKEN_BYTES)
+        #: host address -> where its socket transport listens, as the host reported it
+        self.transports: dict[str, str] = {}
         self.progress = asyncio.Event()  # set whenever the order changed (programs slotted or ended)
         #: the record of device activity that the dashboard and traces read
         self.activity = Collector(self._ask_quietly)
@@ -150,10 +154,18 @@ class PathwaysScheduler(SchedulerPlugin):
         await self.interruptions.suspended(client, host, error)
 
     # -- hosts ---------------------------------------------------------------
-    async def register_host(self, address: str, requested: int | None = None) -> dict[str, Any]:
+    async def register_host(self, address: str, requested: int | None = None,
+                            transport: str | None = None) -> dict[str, Any]:
+        """A host runtime starts. Every other host learns where its socket ``transport``
+        listens, on its stream and so before any program that uses it; the reply gives the
+        host the others' (and the secret they present to each other)."""
         rec = self.resources.add_host(address, requested)
+        if transport is None:
+            self.transports.pop(address, None)
+        else:  # a host restarted on its old address has a new one
+            self.transports[address] = transport
         tighten(self.scheduler.stream_comms.get(address))  # orders and dispatches travel on it
-        self._tell_all({"op": "pathdask-host-joined", "host": address}, but=address)
+        self._tell_all({"op": "pathdask-host-joined", "host": address, "transport": transport}, but=address)
         await self._hosts_changed()
         logger.info("pathdask: %s is island %d host %d", address, rec.island, rec.host)
         return {
@@ -163,7 +175,12 @@ class PathwaysScheduler(SchedulerPlugin):
             "ordering": self.ordering,
             "dispatch_jitter": self.dispatch_jitter,
             "transport_token": self.transport_token,
+            "transports": {a: t for a, t in self.transports.items() if a != address},
         }
+
+    def transport_of(self, host: str) -> str | None:
+        """Where ``host``'s socket transport listens; ``None`` if it left (or has none)."""
+        return self.transports.get(host) if host in self.resources.hosts else None
 
     async def host_failed(self, address: str, error: dict[str, Any]) -> None:
         """A worker's host runtime could not start; waiters learn it at once, with its error."""
@@ -229,6 +246,7 @@ class PathwaysScheduler(SchedulerPlugin):
         self._remove_host(scheduler, worker)
 
     def _remove_host(self, scheduler: Scheduler, worker: str) -> None:
+        self.transports.pop(worker, None)
         rec = self.resources.remove_host(worker)
         if rec is None:
             return

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("pathdask.worker")
 
 TRANSPORTS = ("socket", "dask")
+#: seconds a device waits for the scheduler to say where a peer's transport listens
+TRANSPORT_LOOKUP_S = 10.0
+#: the length of the hosts' shared token (``secrets.token_bytes``)
+TOKEN_BYTES = 32
 
 #: the hosts of this process (threads mode), by worker address, while their runtimes run;
 #: guarded by ``_HERE_LOCK``. With ``pathdask.in-process-peers``, messages between them are calls.
@@ -69,8 +74,11 @@ class Peers:
         self.backlog: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.in_process = bool(dask.config.get("pathdask.in-process-peers"))
 
-    def start(self, token: bytes) -> None:
-        """Open the socket transport (if chosen) with the host token and Dask's TLS settings."""
+    def start(self) -> None:
+        """Open the socket transport (if chosen) with Dask's TLS settings.
+
+        Until :meth:`admit` gives it the hosts' shared token, it refuses every connection.
+        """
         if self.in_process:
             with _HERE_LOCK:
                 _HERE[self.worker.address] = self
@@ -78,7 +86,7 @@ class Peers:
             return
         security = self.worker.security
         self.transport = SocketTransport(
-            get_address_host(self.worker.address), self.handle, self.sink, token,
+            get_address_host(self.worker.address), self.handle, self.sink, secrets.token_bytes(TOKEN_BYTES),
             security.get_listen_args("worker").get("ssl_context"),
             security.get_connection_args("worker").get("ssl_context"),
         )
@@ -151,23 +159,40 @@ class Peers:
             ) from e
 
     def _transport_address(self, addr: str) -> str:
+        """Where ``addr``'s transport listens. The scheduler announces each host's (:meth:`admit`,
+        :meth:`mark_joined`); a host that has not heard asks the scheduler, never the peer, which
+        may be dead."""
         with self._lock:
             found = self.addresses.get(addr)
         if found is None:
-            fut = asyncio.run_coroutine_threadsafe(self.worker.rpc(addr).pathdask_transport(), self.loop)
-            found = fut.result(timeout=10)
+            fut = asyncio.run_coroutine_threadsafe(self.worker.scheduler.pathdask_transport_of(host=addr), self.loop)
+            found = fut.result(timeout=TRANSPORT_LOOKUP_S)
+            if found is None:
+                raise ConnectionRefusedError(f"the scheduler knows no transport of {addr}")
             with self._lock:
                 self.addresses[addr] = found
         return found
 
+    def admit(self, token: bytes, transports: dict[str, str]) -> None:
+        """This host registered: the token the hosts present to each other, and where the
+        transports of the hosts that joined before it listen (later ones: :meth:`mark_joined`)."""
+        if self.transport is not None:
+            self.transport.token = token
+        with self._lock:
+            self.addresses.update(transports)
+
     def mark_lost(self, host: str) -> None:
         self.lost = self.lost | {host}
 
-    def mark_joined(self, host: str) -> None:
-        """A host (re)joined: a worker restarted on a fixed address has a new transport."""
+    def mark_joined(self, host: str, transport: str | None = None) -> None:
+        """A host (re)joined, its transport listening at ``transport`` (a worker restarted on a
+        fixed address has a new one)."""
         self.lost = self.lost - {host}
         with self._lock:
-            self.addresses.pop(host, None)
+            if transport is None:
+                self.addresses.pop(host, None)
+            else:
+                self.addresses[host] = transport
 
     def _send(self, addr: str, msg: dict[str, Any]) -> None:
         bs = self.streams.get(addr)

@@ -97,6 +97,12 @@ class HostRuntime(WorkerPlugin):
         if self.chunk <= 0:
             raise ValueError(f"pathdask.transfer-chunk must be a positive size such as '8 MiB', got "
                              f"{dask.config.get('pathdask.transfer-chunk')!r}")
+        self.peers.start()  # it listens now: the registration tells every other host where
+        # before registering: the scheduler may announce other hosts as soon as this one is known
+        worker.stream_handlers.update({
+            "pathdask-host-lost": self.peers.mark_lost,
+            "pathdask-host-joined": self.peers.mark_joined,
+        })
         driven = dask.config.get("pathdask.driver")
         if driven not in DRIVERS:
             raise ValueError(f"pathdask.driver must be one of {', '.join(map(repr, DRIVERS))}, got {driven!r}")
@@ -104,9 +110,9 @@ class HostRuntime(WorkerPlugin):
         if requested is None and isinstance(worker.name, int):
             requested = worker.name
         reply = await worker.scheduler.pathdask_register_host(
-            address=worker.address, requested=requested
+            address=worker.address, requested=requested, transport=self.peers.address
         )
-        self.peers.start(reply["transport_token"])
+        self.peers.admit(reply["transport_token"], reply["transports"])
         tighten(worker.batched_stream)  # program endings travel on it
         self.topology = Topology.from_dict(reply["topology"])
         self.island, self.host = reply["island"], reply["host"]
@@ -153,7 +159,6 @@ class HostRuntime(WorkerPlugin):
             pathdask_activity=self.activity,
             pathdask_transfers=self.transfers,
             pathdask_reset_observations=self.reset_observations,
-            pathdask_transport=lambda: self.peers.address,
         )
         worker.stream_handlers.update({
             "pathdask-order": self.on_order,
@@ -164,8 +169,6 @@ class HostRuntime(WorkerPlugin):
             "pathdask-drop-client": self.drop_client,
             "pathdask-release-outputs": self.on_release_outputs,
             "pathdask-drop-programs": self.on_drop_programs,
-            "pathdask-host-lost": self.peers.mark_lost,
-            "pathdask-host-joined": self.peers.mark_joined,
         })
         for t in self.threads:
             t.start()

@@ -3,9 +3,10 @@
 Device threads write pieces straight to a peer host's socket, and a receiver
 thread per connection hands them to the mailbox. Neither side goes through an
 event loop, so a collective's hop costs a socket write and a wake-up instead of
-two thread hand-offs and a trip through Dask's batched comms. Peers find each
-other through a Dask handler (``pathdask_transport``) on the worker, so the
-connection follows Dask's own worker addresses. Pickle protocol 5 sends NumPy
+two thread hand-offs and a trip through Dask's batched comms. Each host tells the
+scheduler plugin where its transport listens, and the plugin announces it to
+every other host (``pathdask-host-joined``), so that a peer's first piece never
+waits on a lookup, and a dead peer is never asked. Pickle protocol 5 sends NumPy
 buffers out of band, without copies. ``pathdask.transport: dask`` switches back to
 Dask's comms (one-way batched streams), which the benchmarks compare.
 
