@@ -62,6 +62,37 @@ def test_control_costs_add_up_for_one_call() -> None:
     assert result.by_name("a").marks["end"] == pytest.approx(1e-3 + 1e-4 + 2e-3 + 1e-4 + 3e-4 + 1e-3 + 2e-4 + 5e-4)
 
 
+def test_calls_that_travel_alone_pay_the_lone_costs_and_pipelined_calls_do_not() -> None:
+    """A client that waits for each result pays the lone-call costs on every call; one that
+    pipelines its calls pays them on its first only (its later messages share batches)."""
+    from dataclasses import replace
+
+    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
+    mesh = abstract_mesh(topo, {"x": 1})
+    g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=1e-3, name="g")
+    prog = traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
+    costs = replace(FREE, lone_call_s=4e-3, lone_host_s=1e-3)  # 5 ms of scheduler CPU per lone call
+
+    def waiting(h: Any) -> Any:
+        for _ in range(3):
+            yield from h.result((yield from h.call(prog)))
+        h.mark("end")
+
+    def pipelined(h: Any) -> Any:
+        calls = []
+        for _ in range(3):
+            calls.append((yield from h.call(prog)))
+        yield from h.result(calls[-1])
+        h.mark("end")
+
+    alone = simulate(topo, [ClientScript("a", waiting)], costs)
+    assert alone.by_name("a").marks["end"] == pytest.approx(3 * (5e-3 + 1e-3))
+    assert [c.lone for c in alone.calls] == [True, True, True]
+    batched = simulate(topo, [ClientScript("a", pipelined)], costs)
+    assert batched.by_name("a").marks["end"] == pytest.approx(5e-3 + 3 * 1e-3)
+    assert [c.lone for c in batched.calls] == [True, False, False]
+
+
 def test_gpipe_efficiency_is_m_over_m_plus_s_minus_1() -> None:
     stages, micro = 4, 8
     topo = pw.Topology(islands=1, hosts_per_island=stages, devices_per_host=1)

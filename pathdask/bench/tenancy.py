@@ -124,9 +124,11 @@ def _shares(system: LocalSystem, cfg: Config, weights: tuple[float, ...], echo: 
     return out
 
 
-def _throughput(system: LocalSystem, n: int, cost: float, seconds: float, inflight: int = 1) -> float:
+def _throughput(system: LocalSystem, n: int, cost: float, seconds: float, inflight: int = 1,
+                devices: int | None = None) -> float:
     """Aggregate gangs/s of ``n`` clients that each keep ``inflight`` programs outstanding
-    (1: each waits for every result before the next call)."""
+    (1: each waits for every result before the next call), on meshes of ``devices`` (by
+    default an island's)."""
     clients = [system.client(name=f"t{i}") for i in range(n)]
     prog = _programs(cost, 1)
     counts = [0] * n
@@ -135,7 +137,7 @@ def _throughput(system: LocalSystem, n: int, cost: float, seconds: float, inflig
 
     def tenant(i: int) -> None:
         c = clients[i]
-        x = _warm_up(c, system.topology.devices_per_island, prog)
+        x = _warm_up(c, devices or system.topology.devices_per_island, prog)
         barrier.wait()
         pending = [prog(x) for _ in range(inflight - 1)]
         while not stop.is_set():

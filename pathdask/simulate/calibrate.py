@@ -12,6 +12,8 @@ times, on meshes of 1, 2 and 4 hosts (each cost is a least-squares line over the
 - ``k`` one-gang calls back to back: the scheduler's CPU is what is left of each
   call's time once the client's, the hosts' and the devices' are taken out (one
   process: they all queue on one GIL);
+- several clients that each wait for every result, so that each call's messages
+  travel alone: what a call costs beyond its share above is the lone-call cost;
 - one call and its result, alone: the message latency is what is left of it;
 - the multi-controller loop: a host's cost to register a program itself.
 
@@ -32,6 +34,7 @@ import numpy as np
 from .. import P
 from ..bench.dispatch import Kernels
 from ..bench.multicontroller import run_multicontroller
+from ..bench.tenancy import _throughput
 from ..system import LocalSystem
 from .model import CostModel
 
@@ -100,6 +103,8 @@ def _measure(client: Any, kernels: Kernels, x: Any, spans: list[float], repeats:
 #: the calibration's topology: one island of four hosts, so that meshes span 1, 2 and 4 hosts
 TOPOLOGY = {"islands": 1, "hosts_per_island": 4, "devices_per_host": 2}
 HOSTS = (1, 2, 4)
+#: clients, and seconds, of the measurement of calls that travel alone
+LONE_CLIENTS, LONE_SECONDS = 4, 1.0
 
 
 def measure(k: int = 64, repeats: int = 3, echo: Echo = print) -> dict[str, Any]:
@@ -119,6 +124,8 @@ def measure(k: int = 64, repeats: int = 3, echo: Echo = print) -> dict[str, Any]
                 raise RuntimeError(f"calibration needs a mesh of {size} devices on {hosts} host(s); got {mesh.hosts}")
             x = client.put(np.zeros(size), mesh, P("x"))
             raw[str(hosts)] = {"devices": size, **_measure(client, kernels, x, spans, repeats)}
+            # one GIL: clients that each wait for every result saturate it; a call takes 1/rate of it
+            raw[str(hosts)]["lone"] = 1.0 / _throughput(system, LONE_CLIENTS, 0.0, LONE_SECONDS, devices=size)
             echo(f"  {hosts} host(s): " + ", ".join(f"{n} {v * 1e3:.3f} ms" for n, v in raw[str(hosts)].items()
                                                   if n != "devices"))
         client.close()
@@ -168,7 +175,13 @@ def fit(raw: dict[str, Any]) -> CostModel:
         return (client_call + client_host * h + sched_call + sched_host * h + h * (host_dispatch + host_op * dph)
                 + own(h) + result)
 
-    message = max(statistics.median((r[h]["single"] - cpu(h)) / 4 for h in hosts), 0.0)
+    # lone calls: what a call of clients that each wait for their results costs beyond the above
+    lone_call, lone_host = _line(hosts, [max(r[h].get("lone", 0.0) - cpu(h), 0.0) for h in hosts])
+
+    def lone(h: int) -> float:
+        return lone_call + lone_host * h
+
+    message = max(statistics.median((r[h]["single"] - cpu(h) - lone(h)) / 4 for h in hosts), 0.0)
     # multi-controller: each host registers k programs; the devices' share of the GIL comes on top
     mc = max(statistics.median((r[h]["mc"] - own(h)) / h for h in hosts), 0.0)
     mc_op = host_op
@@ -176,7 +189,7 @@ def fit(raw: dict[str, Any]) -> CostModel:
     return CostModel(client_call_s=client_call, client_host_s=client_host, scheduler_call_s=sched_call,
                      scheduler_host_s=sched_host, host_dispatch_s=host_dispatch, host_op_s=host_op,
                      device_op_s=device_op, exchange_s=exchange, exchange_host_s=exchange_host, message_s=message, result_s=result,
-                     mc_call_s=mc_call, mc_op_s=mc_op, shared_cpu=False, source=_source(raw))
+                     lone_call_s=lone_call, lone_host_s=lone_host, mc_call_s=mc_call, mc_op_s=mc_op, shared_cpu=False, source=_source(raw))
 
 
 def _source(raw: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,13 @@ Two kinds of cost:
   one process, one GIL) they all queue on one processor; otherwise each client,
   the scheduler and each host has its own, as on a real cluster.
 - *latency* (``message_s``): the time a control message takes to arrive, during
-  which no processor is busy (Dask batches messages on a few-ms interval).
+  which no processor is busy.
+
+Dask's streams batch the messages sent close together, so a client that pipelines
+its calls pays the comms' CPU once per batch, which the per-call costs above
+include. A call that travels alone (its client has no other call in flight, as a
+client that waits for each result) pays it for each of its own messages: the
+*lone-call* costs, charged to the scheduler's processor.
 """
 
 from __future__ import annotations
@@ -58,6 +64,10 @@ class CostModel:
         One-way latency of a control message (client, scheduler, host).
     result_s
         Client CPU to fetch one result once its program is done.
+    lone_call_s, lone_host_s
+        CPU a call pays on top when it travels alone (its client has no other call in
+        flight), and per host of it: its messages, and the fetch of its result, each a
+        batch of their own.
     mc_call_s, mc_op_s
         Multi-controller: a host's CPU to register one program with its own runtime,
         and per op of it.
@@ -78,6 +88,8 @@ class CostModel:
     exchange_host_s: float = 100e-6
     message_s: float = 2e-3
     result_s: float = 500e-6
+    lone_call_s: float = 0.0
+    lone_host_s: float = 0.0
     mc_call_s: float = 50e-6
     mc_op_s: float = 10e-6
     shared_cpu: bool = False

@@ -60,6 +60,7 @@ class Call:
     schedule: Schedule
     deps: frozenset[str]
     submitted: float
+    lone: bool = False  # its client had no other call in flight: its messages travel alone
     slot: int | None = None
     order_at: float | None = None
     dispatched: np.ndarray | None = None
@@ -99,6 +100,10 @@ class Tenant:
         self.id = f"{name}-{len(sim.tenants)}"
         self.marks: dict[str, Any] = {}
         self.calls: list[Call] = []
+        self.inflight = 0  # calls made whose results have not come yet
+
+    def _landed(self, _done: simpy.Event) -> None:
+        self.inflight -= 1
 
     @property
     def now(self) -> float:
@@ -114,8 +119,11 @@ class Tenant:
         done = self.cpu.book(sim.clock.now, c.client_call_s + c.client_host_s * sched.n_hosts)
         yield sim.clock.sleep_until(done)
         deps = [after] if isinstance(after, Call) else list(after or ())
+        done_event = sim.clock.event()
+        done_event.callbacks.append(self._landed)
         call = Call(f"p{next(sim.ids)}", self.id, sched, frozenset(d.pid for d in deps), sim.clock.now,
-                    done=sim.clock.event())
+                    lone=self.inflight == 0, done=done_event)
+        self.inflight += 1
         self.calls.append(call)
         sim.calls[call.pid] = call
         sim.clock.at(sim.clock.now + c.message_s, sim.arrive, call, self.weight)
@@ -237,8 +245,9 @@ class Simulation:
 
     # -- the scheduler --------------------------------------------------------------
     def arrive(self, call: Call, weight: float) -> None:
-        c = self.costs
-        done = self.scheduler_cpu.book(self.clock.now, c.scheduler_call_s + c.scheduler_host_s * call.schedule.n_hosts)
+        c, n = self.costs, call.schedule.n_hosts
+        cpu = c.scheduler_call_s + c.scheduler_host_s * n + (c.lone_call_s + c.lone_host_s * n if call.lone else 0.0)
+        done = self.scheduler_cpu.book(self.clock.now, cpu)
         self.clock.at(done, self._submit, call, weight)
 
     def _submit(self, call: Call, weight: float) -> None:
