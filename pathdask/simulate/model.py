@@ -22,7 +22,7 @@ Dask's streams batch the messages sent close together, so a client that pipeline
 its calls pays the comms' CPU once per batch, which the per-call costs above
 include. A call that travels alone (its client has no other call in flight, as a
 client that waits for each result) pays it for each of its own messages: the
-*lone-call* costs, charged to the scheduler's processor.
+*lone-call* costs, charged to the scheduler's processor and to each of its hosts'.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ class CostModel:
         Client CPU to fetch one result once its program is done.
     lone_call_s, lone_host_s
         CPU a call pays on top when it travels alone (its client has no other call in
-        flight), and per host of it: its messages, and the fetch of its result, each a
-        batch of their own.
+        flight): the scheduler's, and each of its hosts' (their messages, and the fetch
+        of its result, each a batch of their own).
     mc_call_s, mc_op_s
         Multi-controller: a host's CPU to register one program with its own runtime,
         and per op of it.

@@ -246,14 +246,15 @@ class Simulation:
     # -- the scheduler --------------------------------------------------------------
     def arrive(self, call: Call, weight: float) -> None:
         c, n = self.costs, call.schedule.n_hosts
-        cpu = c.scheduler_call_s + c.scheduler_host_s * n + (c.lone_call_s + c.lone_host_s * n if call.lone else 0.0)
+        cpu = c.scheduler_call_s + c.scheduler_host_s * n + (c.lone_call_s if call.lone else 0.0)
         done = self.scheduler_cpu.book(self.clock.now, cpu)
         self.clock.at(done, self._submit, call, weight)
 
     def _submit(self, call: Call, weight: float) -> None:
         c, sched = self.costs, call.schedule
         call.dispatched = self.hosts.book(sched.hosts, self.clock.now + c.message_s,
-                                          c.host_dispatch_s + c.host_op_s * sched.ops_per_host)
+                                          c.host_dispatch_s + c.host_op_s * sched.ops_per_host
+                                          + (c.lone_host_s if call.lone else 0.0))
         sub = Submission(call.pid, call.client, sched.host_devices, sched.cost, call.deps)
         self._slotted(self.islands.submit(sub, weight))
 
