@@ -19,7 +19,7 @@ from distributed.protocol import to_serialize
 
 from .sharding import Sharding
 
-__all__ = ["OutputRef", "decode_block", "encode_block", "gather", "raise_reply_error"]
+__all__ = ["OutputRef", "assemble", "decode_block", "encode_block", "gather", "raise_reply_error"]
 
 #: a buffer in a host's store: (producing program, value id, device id)
 Buffer = tuple[str, int, int]
@@ -97,5 +97,10 @@ async def gather(ref: OutputRef, ask: Ask, avoid: frozenset[int] = frozenset()) 
         return [decode_block(b) for b in reply["values"]]
 
     replies = await asyncio.gather(*(fetch_from(addr, items) for addr, items in want.items()))
-    blocks = {p: value for items, reply in zip(want.values(), replies) for (p, _), value in zip(items, reply)}
+    return assemble(ref, want, dict(zip(want, replies)))
+
+
+def assemble(ref: OutputRef, want: dict[str, list[tuple[int, Buffer]]], replies: dict[str, list[np.ndarray]]) -> np.ndarray:
+    """The global array from each host's values, in the order ``want`` asked them."""
+    blocks = {p: value for addr, items in want.items() for (p, _), value in zip(items, replies[addr])}
     return ref.sharding.assemble(blocks, np.dtype(ref.dtype))

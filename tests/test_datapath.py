@@ -61,3 +61,30 @@ def test_a_local_systems_clients_reach_its_scheduler_in_process(system, client):
     assert client.dask.scheduler.address == system.client_address
     assert system.scheduler_address.startswith("tcp://")
     assert all(a.startswith("tcp://") for a in client.dask.scheduler_info()["workers"])
+
+
+def _fetches_waiting(dask_worker) -> int:
+    return dask_worker.plugins["pathdask"].store._thread_waiters
+
+
+def test_results_come_over_the_hosts_sockets_and_a_host_lets_an_abandoned_fetch_go(system, client):
+    """``result()`` asks the hosts on their socket transports, keeps the connections for the
+    next fetch, and a fetch that timed out stops its hosts' waiting long before its program ends."""
+    import time
+
+    import pathdask as pw
+
+    mesh = client.mesh({"x": 4}, island=0)
+    x = client.put(np.arange(4.0), mesh, P("x"))
+    np.testing.assert_array_equal(x.result(), np.arange(4.0))
+    assert client._sockets is not None and all(client._sockets.idle[a] for a in mesh.hosts)
+    y = pw.function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=4.0)(x)
+    with pytest.raises(TimeoutError, match=r"not ready within 0.2s"):
+        y.result(timeout=0.2)
+    deadline = time.monotonic() + 3.0  # the hosts look at the connection every store.POLL_S
+    while sum(client.dask.run(_fetches_waiting).values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sum(client.dask.run(_fetches_waiting).values()) == 0
+    assert y.status == "pending"  # let go before its program ended
+    np.testing.assert_array_equal(y.result(timeout=30), np.arange(4.0) + 1.0)
+    del x, y

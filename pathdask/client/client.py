@@ -29,6 +29,7 @@ from ..streams import tighten
 from ..topology import DeviceId, DeviceInfo, Topology
 from .array import ShardedArray
 from .calls import CALL_OP, build_call
+from .fetch import HOST_CHECK_AFTER, HostSockets
 from .lowering import build_graph, build_sequential_graph, lower
 from .program import Program
 
@@ -89,6 +90,13 @@ class Client:
         self.topology = Topology.from_dict(info["topology"])
         #: the scheduler creates the tasks of calls itself (``calls.py``); else calls submit graphs
         self._calls = bool(info.get("calls"))
+        #: results come over the hosts' socket transports where they have them (``fetch.py``)
+        self._sockets: HostSockets | None = None
+        if info.get("transports") and dask.config.get("pathdask.transport") == "socket":
+            security = self.dask.security
+            self._sockets = HostSockets(info["transport_token"], info["transports"],
+                                        security.get_connection_args("client").get("ssl_context"),
+                                        self._transport_of)
         tighten(self.dask.scheduler_comm)  # calls travel on it
 
     def _new_pid(self) -> str:
@@ -501,8 +509,22 @@ class Client:
             return "error"  # a host holding shards is gone
         return "error" if "error" in states else "pending" if "pending" in states else "ready"
 
+    def _transport_of(self, host: str) -> str | None:
+        """Where host ``host``'s socket transport listens now; ``None`` if it has left."""
+        found = self.dask.sync(self.dask.scheduler.pathdask_transport_of, host=host)
+        return None if found is None else str(found)
+
     def _fetch(self, array: ShardedArray, timeout: Any = None, avoid: frozenset[int] = frozenset()) -> np.ndarray:
         seconds = parse_timedelta(timeout) if timeout is not None else None
+        if self._sockets is not None:
+            try:
+                return self._sockets.fetch(array.ref, avoid, seconds)
+            except TimeoutError:
+                assert seconds is not None
+                raise TimeoutError(
+                    f"The shards of program {array._pid} were not ready within {seconds:g}s. "
+                    f"{self.dask.sync(self._waiting_for, array._pid)}"
+                ) from None
 
         async def ask(addr: str, buffers: list[tuple[str, int, int]]) -> dict[str, Any]:
             return dict(await self._ask_host(addr, "pathdask_fetch", "holds shards of this array",
@@ -558,6 +580,8 @@ class Client:
         self._closed = True
         with self._lock:
             self._inflight.clear()
+        if self._sockets is not None:
+            self._sockets.close()
         if self._owns_dask:
             self.dask.close()
 
@@ -567,10 +591,6 @@ class Client:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-
-#: a fetch that takes longer than this also asks the scheduler whether its host has left
-#: (a dead host's address would otherwise take Dask's whole connect timeout to fail)
-HOST_CHECK_AFTER = 0.5
 
 
 async def _unless_gone(work: Any, gone_waiter: Any, gone: BaseException) -> Any:

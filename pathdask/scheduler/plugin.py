@@ -274,7 +274,9 @@ class PathwaysScheduler(SchedulerPlugin):
     def register_client(self, client: str, name: str, weight: float = 1.0) -> dict[str, Any]:
         self.clients[client] = {"name": name, "weight": weight}
         self.activity.record.name_client(client, name)
-        return {**self.info(), "calls": supported(self.scheduler)}
+        # the hosts' transports and their token: the client fetches results there (client/fetch.py)
+        return {**self.info(), "calls": supported(self.scheduler), "transport_token": self.transport_token,
+                "transports": {a: t for a, t in self.transports.items() if a in self.resources.hosts}}
 
     def remove_client(self, scheduler: Scheduler, client: str) -> None:
         if client not in self.clients:

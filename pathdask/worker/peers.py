@@ -58,10 +58,12 @@ class Peers:
     """
 
     def __init__(self, worker: Worker, loop: asyncio.AbstractEventLoop, kind: str,
-                 handle: Callable[[tuple[Any, ...]], None], sink: Callable[[Any, int], memoryview]) -> None:
+                 handle: Callable[[tuple[Any, ...]], None], sink: Callable[[Any, int], memoryview],
+                 serve: Callable[[Any, Callable[[], bool]], Any] | None = None) -> None:
         if kind not in TRANSPORTS:
             raise ValueError(f"pathdask.transport must be 'socket' or 'dask', got {kind!r}")
         self.worker, self.loop, self.kind, self.handle, self.sink = worker, loop, kind, handle, sink
+        self.serve = serve  # clients' requests on the socket transport (their fetches)
         self.transport: SocketTransport | None = None
         #: worker address -> its transport address; device threads fill it, under ``_lock``
         self.addresses: dict[str, str] = {}
@@ -88,7 +90,7 @@ class Peers:
         self.transport = SocketTransport(
             get_address_host(self.worker.address), self.handle, self.sink, secrets.token_bytes(TOKEN_BYTES),
             security.get_listen_args("worker").get("ssl_context"),
-            security.get_connection_args("worker").get("ssl_context"),
+            security.get_connection_args("worker").get("ssl_context"), self.serve,
         )
 
     @property

@@ -26,6 +26,7 @@ import random
 import threading
 import time
 from collections import OrderedDict, defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -92,7 +93,7 @@ class HostRuntime(WorkerPlugin):
         # before registering: a bad transport setting must not take a host
         self.reassembly = Reassembly()
         self.peers = Peers(worker, self.loop, dask.config.get("pathdask.transport"), self._on_message,
-                           self.reassembly.target)
+                           self.reassembly.target, self.serve)
         self.chunk = parse_bytes(dask.config.get("pathdask.transfer-chunk"))
         if self.chunk <= 0:
             raise ValueError(f"pathdask.transfer-chunk must be a positive size such as '8 MiB', got "
@@ -593,6 +594,24 @@ class HostRuntime(WorkerPlugin):
             return {"values": out}
         except Exception as e:
             return {"error": error_message(e)}
+
+    def serve(self, request: tuple[str, Any], gone: Callable[[], bool]) -> tuple[str, Any]:
+        """A client's request on the socket transport (its receiver thread; ``client/fetch.py``):
+        ``("fetch", buffers)`` is answered ``("values", arrays)`` once they are computed, or
+        ``("error", exception)`` with the error that ended their program."""
+        kind, buffers = request
+        if kind != "fetch":
+            return ("error", ValueError(f"unknown request {kind!r}; expected 'fetch'"))
+        try:
+            out = []
+            for pid, vid, dev in buffers:
+                cause = self.ledger.dropped(pid)
+                if cause is not None:
+                    raise cause
+                out.append(self.store.value((pid, vid), dev, gone))
+            return ("values", out)
+        except Exception as e:  # noqa: BLE001 - the client raises it
+            return ("error", _picklable(e))
 
     def status(self, buffers: list[tuple[str, int, int]]) -> list[str]:
         """Per buffer ``pending``, ``ready`` or ``error``, without waiting."""

@@ -8,6 +8,7 @@ to read it; when both are gone it is freed and its bytes return to the device.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -22,6 +23,9 @@ from ..ops import BufferKey
 from .bounded import remember
 from .driver import Driver, Waitable
 from .futures import fail, resolve
+
+#: seconds between a waiting fetch's checks that its asker is still there
+POLL_S = 1.0
 
 StoreKey = tuple[str, int, int]  # (program id, value id, device id)
 
@@ -71,6 +75,7 @@ class BufferStore:
         self._declared_waiters: dict[StoreKey, list[asyncio.Future[Any]]] = {}
         #: dropped programs -> why: a buffer of one that a later reader declares is born failed
         self._dropped: OrderedDict[str, BaseException] = OrderedDict()
+        self._thread_waiters = 0  # plain threads in :meth:`value`
 
     # -- registration (dispatch time) --------------------------------------
     def declare(self, key: BufferKey, device: int, *, owned: bool = False, consumers: int = 0,
@@ -85,6 +90,7 @@ class BufferStore:
                     buf.state, buf.error = "error", cause
                 for fut in self._declared_waiters.pop(skey, ()):
                     self.loop.call_soon_threadsafe(resolve, fut)
+                self._wake_threads()
             buf.owners += int(owned)
             buf.refs += consumers
 
@@ -190,6 +196,7 @@ class BufferStore:
         """
         with self.cond:
             remember(self._dropped, program, error)
+            self._wake_threads()
             for skey in [k for k in self._declared_waiters if k[0] == program]:
                 for fut in self._declared_waiters.pop(skey):
                     self.loop.call_soon_threadsafe(fail, fut, error)
@@ -198,6 +205,46 @@ class BufferStore:
                     buf.error, buf.state = error, "error"
                     self._wake(buf)
                 self._maybe_free(buf)
+
+    # -- waiting on a plain thread (a client's fetch on the socket transport) ------
+    def value(self, key: BufferKey, device: int, gone: Callable[[], bool]) -> np.ndarray:
+        """As :meth:`wait_value`, on the calling thread, which is not a device's: waits for the
+        buffer's program to be dispatched here and computed. ``gone()`` is asked every
+        :data:`POLL_S` while it waits, and ends the wait with ``ConnectionAbortedError``."""
+        skey = (key[0], key[1], device)
+        seen: Buffer | None = None
+        with self.cond:
+            self._thread_waiters += 1
+            try:
+                while True:
+                    buf = self.buffers.get(skey)
+                    if buf is None:
+                        if seen is not None:
+                            raise BufferFreedError(f"Buffer {key} on device {device} was freed before it was read")
+                        cause = self._dropped.get(key[0])
+                        if cause is not None:
+                            raise cause
+                    elif buf.state != "pending":
+                        break
+                    else:
+                        seen = buf
+                    if gone():
+                        raise ConnectionAbortedError(f"nobody waits for buffer {key} on device {device} any more")
+                    self.cond.wait(POLL_S)
+            finally:
+                self._thread_waiters -= 1
+            state, value, error = buf.state, buf.value, buf.error
+        if state == "error":
+            assert error is not None
+            raise error
+        if value is None:
+            raise BufferFreedError(f"Buffer {key} on device {device} was freed before it was read")
+        return value
+
+    def _wake_threads(self) -> None:
+        """Wake the plain threads waiting in :meth:`value` (under ``cond``); devices are not woken."""
+        if self._thread_waiters:
+            threading.Condition.notify_all(self.cond)
 
     # -- waiting from the event loop ---------------------------------------
     async def wait_value(self, key: BufferKey, device: int) -> np.ndarray:
@@ -263,6 +310,7 @@ class BufferStore:
         waiters, buf.waiters = buf.waiters, []
         for fut in waiters:
             self.loop.call_soon_threadsafe(resolve, fut)
+        self._wake_threads()
 
     def _maybe_free(self, buf: Buffer) -> None:
         """Free a buffer nothing wants any more: no reader to come and no key that owns it.

@@ -10,9 +10,14 @@ waits on a lookup, and a dead peer is never asked. Pickle protocol 5 sends NumPy
 buffers out of band, without copies. ``pathdask.transport: dask`` switches back to
 Dask's comms (one-way batched streams), which the benchmarks compare.
 
+Clients fetch results on the same transport (``client/fetch.py``): a request
+is answered on its own connection by that connection's receiver thread, once
+the values are computed.
+
 Security follows Dask's own settings. Every connection opens with a secret
-token that the scheduler plugin gave each host when it registered (over Dask's
-comms); a peer without it is cut off before anything it sends is unpickled.
+token that the scheduler plugin gave each host and client when it registered
+(over Dask's comms; a Dask client can run code on the workers anyway); a peer
+without it is cut off before anything it sends is unpickled.
 When Dask uses TLS, the connections are TLS too, with the worker's own
 certificates and contexts (``Security.get_listen_args``/``get_connection_args``).
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 import hmac
 import logging
 import pickle
+import select
 import socket
 import ssl
 import struct
@@ -37,6 +43,8 @@ _HEADER = struct.Struct("!II")  # pickle length, number of out-of-band buffers (
 _LEN = struct.Struct("!Q")
 #: in place of the number of buffers: a chunk frame, whose one buffer goes where ``sink`` says
 _CHUNK = 0xFFFFFFFF
+#: the first element of a message that asks for an answer on its connection: ``(REQUEST, request)``
+REQUEST = "request"
 
 
 def _recv_into(sock: socket.socket, view: memoryview) -> memoryview:
@@ -54,6 +62,38 @@ def _recv_exact(sock: socket.socket, n: int) -> memoryview:
     return _recv_into(sock, np.empty(n, dtype=np.uint8).data)
 
 
+def write_message(sock: socket.socket, message: Any) -> None:
+    """Write one framed message: pickled with protocol 5, NumPy buffers out of band."""
+    buffers: list[pickle.PickleBuffer] = []
+    payload = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    parts: list[Any] = [_HEADER.pack(len(payload), len(raws)), payload]
+    for r in raws:
+        parts += [_LEN.pack(r.nbytes), r]
+    if len(payload) + sum(r.nbytes for r in raws) < 1 << 16:
+        sock.sendall(b"".join(parts))  # one write, one wake-up on the other side
+    else:
+        for part in parts:  # large buffers go without a copy
+            sock.sendall(part)
+
+
+def read_message(sock: socket.socket) -> Any:
+    """Read one message that :func:`write_message` wrote (not a chunk)."""
+    size, nbuf = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    if nbuf == _CHUNK:
+        raise ConnectionError("a chunk frame came where a message was expected")
+    return _read_payload(sock, size, nbuf)
+
+
+def _read_payload(sock: socket.socket, size: int, nbuf: int) -> Any:
+    payload = _recv_exact(sock, size)
+    buffers = []
+    for _ in range(nbuf):
+        (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+        buffers.append(_recv_exact(sock, n))
+    return pickle.loads(payload, buffers=buffers)
+
+
 class SocketTransport:
     """Listens on ``host`` and sends framed, pickled messages to peers by address.
 
@@ -69,14 +109,20 @@ class SocketTransport:
         ``memoryview`` of ``nbytes`` bytes (see :meth:`send_chunk`).
     token : bytes
         The secret every peer presents first; connections without it are closed.
+    serve : callable, optional
+        ``serve(request, gone)`` answers a ``(REQUEST, request)`` message (a client
+        fetching results, ``client/fetch.py``) in the receiver thread; its return
+        value is written back on the same connection. ``gone()`` says whether the
+        asker hung up meanwhile.
     server_tls, client_tls : ssl.SSLContext, optional
         TLS contexts for accepted and opened connections (both or neither).
     """
 
     def __init__(self, host: str, handle: Callable[[Any], None], sink: Callable[[Any, int], memoryview],
                  token: bytes, server_tls: ssl.SSLContext | None = None,
-                 client_tls: ssl.SSLContext | None = None) -> None:
-        self.handle, self.sink = handle, sink
+                 client_tls: ssl.SSLContext | None = None,
+                 serve: Callable[[Any, Callable[[], bool]], Any] | None = None) -> None:
+        self.handle, self.sink, self.serve = handle, sink, serve
         self.token = token
         self.server_tls, self.client_tls = server_tls, client_tls
         self.rejected = 0  # connections closed for a wrong token or a failed TLS handshake
@@ -93,18 +139,8 @@ class SocketTransport:
     # -- sending (any thread) -----------------------------------------------
     def send(self, peer: str, message: Any) -> None:
         sock, lock = self._peer(peer)
-        buffers: list[pickle.PickleBuffer] = []
-        payload = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
-        raws = [b.raw() for b in buffers]
-        parts: list[Any] = [_HEADER.pack(len(payload), len(raws)), payload]
-        for r in raws:
-            parts += [_LEN.pack(r.nbytes), r]
         with lock:
-            if len(payload) + sum(r.nbytes for r in raws) < 1 << 16:
-                sock.sendall(b"".join(parts))  # one write, one wake-up on the other side
-            else:
-                for part in parts:  # large buffers go without a copy
-                    sock.sendall(part)
+            write_message(sock, message)
 
     def send_chunk(self, peer: str, meta: Any, data: memoryview) -> None:
         """Send ``data`` (bytes) with a small ``meta``; the peer receives the bytes straight
@@ -169,21 +205,40 @@ class SocketTransport:
         try:
             while not self.closing:
                 size, nbuf = _HEADER.unpack(_recv_exact(conn, _HEADER.size))
-                payload = _recv_exact(conn, size)
                 if nbuf == _CHUNK:
-                    self._receive_chunk(conn, pickle.loads(payload))
+                    self._receive_chunk(conn, pickle.loads(_recv_exact(conn, size)))
                     continue
-                buffers = []
-                for _ in range(nbuf):
-                    (n,) = _LEN.unpack(_recv_exact(conn, _LEN.size))
-                    buffers.append(_recv_exact(conn, n))
-                message = pickle.loads(payload, buffers=buffers)
+                message = _read_payload(conn, size, nbuf)
+                if isinstance(message, tuple) and message and message[0] == REQUEST:
+                    # a client's request, answered on its connection: it waits for nothing else
+                    write_message(conn, self._serve(message[1], conn))
+                    continue
                 try:
                     self.handle(message)
                 except Exception:
                     logger.exception("pathdask: failed to handle a message from a peer host")
         except (ConnectionError, OSError):
             pass  # the peer went away or we are closing
+
+    def _serve(self, request: Any, conn: socket.socket) -> Any:
+        if self.serve is None:
+            return ("error", RuntimeError("this transport answers no requests"))
+
+        def gone() -> bool:
+            """The asker closed its end (or we are closing): nothing will read the answer."""
+            if self.closing:
+                return True
+            try:
+                readable, _, _ = select.select([conn], [], [], 0)
+            except (OSError, ValueError):
+                return True
+            return bool(readable)  # EOF, a reset, or a second request before this answer: all end it
+
+        try:
+            return self.serve(request, gone)
+        except Exception as e:  # noqa: BLE001 - the asker gets it, typed
+            logger.exception("pathdask: failed to answer a request")
+            return ("error", RuntimeError(f"{type(e).__name__}: {e}"))
 
     def _receive_chunk(self, conn: socket.socket, meta: Any) -> None:
         (n,) = _LEN.unpack(_recv_exact(conn, _LEN.size))

@@ -1,0 +1,204 @@
+"""Fetching results over the hosts' socket transports, from the calling thread.
+
+``result()`` asks each host that holds blocks of an array for their values on a
+direct connection to that host's socket transport (``worker/transport.py``),
+the one the hosts use for pieces. Neither the client's event loop nor Dask's
+serialization is on the way: the calling thread writes the requests and waits
+on the sockets, and each host answers from that connection's receiver thread as
+soon as its devices stored the values.
+
+The connection opens with the hosts' shared token, which the scheduler plugin
+gives a client when it registers (a Dask client can run code on the workers
+anyway), over TLS where Dask uses it. A connection carries one request at a
+time; idle ones are kept for the next fetch.
+
+Nothing waits forever. ``timeout`` bounds the whole fetch; a fetch still waiting
+after :data:`HOST_CHECK_AFTER` asks the scheduler whether the hosts it waits for
+have left (``DeviceLostError``); a connection that closes or resets is a lost
+host. A fetch that ends early (an error, a timeout, Ctrl-C) closes the
+connections it did not read to the end, and the hosts stop waiting for their
+values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import selectors
+import socket
+import ssl
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from ..errors import DeviceLostError
+from ..gather import OutputRef, assemble
+from ..worker.transport import REQUEST, read_message, write_message
+
+__all__ = ["HOST_CHECK_AFTER", "HostSockets"]
+
+#: a fetch that takes longer than this asks the scheduler whether its hosts have left (a dead
+#: host's connection may not say so: its machine, not only its process, may be gone)
+HOST_CHECK_AFTER = 0.5
+#: seconds to open a connection to a host's transport
+CONNECT_TIMEOUT = 10.0
+
+
+class HostSockets:
+    """A client's connections to the hosts' transports, for its fetches (any thread).
+
+    Parameters
+    ----------
+    token : bytes
+        The hosts' shared token, presented first on each connection.
+    transports : dict
+        Host (worker) address -> where its transport listens, as the scheduler knew them.
+    tls : ssl.SSLContext, optional
+        The client's TLS context where Dask uses TLS.
+    lookup : callable
+        ``lookup(host)`` asks the scheduler where ``host``'s transport listens now;
+        ``None`` if the host has left.
+    """
+
+    def __init__(self, token: bytes, transports: dict[str, str], tls: ssl.SSLContext | None,
+                 lookup: Callable[[str], str | None]) -> None:
+        self.token, self.tls, self.lookup = token, tls, lookup
+        self.addresses = dict(transports)
+        self.idle: dict[str, list[socket.socket]] = defaultdict(list)
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def fetch(self, ref: OutputRef, avoid: frozenset[int] = frozenset(),
+              timeout: float | None = None) -> np.ndarray:
+        """The global array of ``ref``, its blocks asked of their hosts at once.
+
+        Raises the error that ended the array's program with its own type,
+        ``DeviceLostError`` if a host holding blocks left, and ``TimeoutError``
+        after ``timeout`` seconds.
+        """
+        want = ref.shards(avoid)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        asked: dict[socket.socket, str] = {}  # connections whose answer is not read yet
+        replies: dict[str, list[np.ndarray]] = {}
+        try:
+            for addr, items in want.items():
+                sock = self._connection(addr)
+                asked[sock] = addr
+                with _lost_if_cut(addr):
+                    write_message(sock, (REQUEST, ("fetch", [b for _, b in items])))
+            with selectors.DefaultSelector() as sel:
+                for sock in asked:
+                    sel.register(sock, selectors.EVENT_READ, sock)
+                while asked:
+                    wait = HOST_CHECK_AFTER if deadline is None else min(HOST_CHECK_AFTER, deadline - time.monotonic())
+                    if wait <= 0:
+                        raise TimeoutError(f"no answer within {timeout:g}s from host(s) {sorted(asked.values())}")
+                    ready = sel.select(wait)
+                    for key, _ in ready:
+                        sock = key.data
+                        addr = asked[sock]
+                        with _lost_if_cut(addr):
+                            kind, value = read_message(sock)
+                        sel.unregister(sock)
+                        del asked[sock]
+                        self._keep(addr, sock)
+                        if kind == "error":
+                            raise value
+                        replies[addr] = value
+                    if not ready:
+                        gone = sorted(a for a in asked.values() if self.lookup(a) is None)
+                        if gone:
+                            raise DeviceLostError(f"Host(s) {gone}, which hold shards of this array, left the cluster")
+        finally:
+            for sock in asked:  # not read to the end: its host stops waiting when it sees it closed
+                _close(sock)
+        return assemble(ref, want, replies)
+
+    def _connection(self, addr: str) -> socket.socket:
+        """An idle connection to host ``addr``'s transport that is still open, or a new one.
+
+        A host restarted on its address has a new transport: where the known one
+        refuses, the scheduler is asked again.
+        """
+        while True:
+            with self.lock:
+                if self.closed:
+                    raise RuntimeError("this client is closed")
+                idle = self.idle.get(addr)
+                sock = idle.pop() if idle else None
+                where = self.addresses.get(addr)
+            if sock is None:
+                break
+            if not _readable(sock):  # an idle connection has nothing to read unless it closed
+                return sock
+            _close(sock)
+        if where is not None:
+            try:
+                return self._connect(where)
+            except OSError:
+                pass  # asked again below
+        found = self.lookup(addr)
+        if found is None:
+            raise DeviceLostError(f"Host {addr}, which holds shards of this array, left the cluster")
+        with self.lock:
+            self.addresses[addr] = found
+        with _lost_if_cut(addr):
+            return self._connect(found)
+
+    def _connect(self, where: str) -> socket.socket:
+        host, port = where.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:
+                sock = self.tls.wrap_socket(sock)
+            sock.sendall(self.token)
+            sock.settimeout(None)  # the fetch waits with a selector
+        except BaseException:
+            _close(sock)
+            raise
+        return sock
+
+    def _keep(self, addr: str, sock: socket.socket) -> None:
+        with self.lock:
+            if not self.closed:
+                self.idle[addr].append(sock)
+                return
+        _close(sock)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            socks = [s for idle in self.idle.values() for s in idle]
+            self.idle.clear()
+        for s in socks:
+            _close(s)
+
+
+@contextlib.contextmanager
+def _lost_if_cut(addr: str) -> Iterator[None]:
+    """A connection to host ``addr`` that fails (refused, reset, closed) means the host is gone."""
+    try:
+        yield
+    except TimeoutError:
+        raise
+    except OSError as e:
+        raise DeviceLostError(f"Host {addr}, which holds shards of this array, is gone "
+                              f"({type(e).__name__}: {e})") from e
+
+
+def _readable(sock: socket.socket) -> bool:
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
