@@ -587,9 +587,7 @@ class HostRuntime(WorkerPlugin):
         try:
             out = []
             for pid, vid, dev in buffers:
-                cause = self.ledger.dropped(pid)
-                if cause is not None:
-                    raise cause
+                self._raise_if_dropped(pid)
                 out.append(encode_block(await self.store.wait_value((pid, vid), dev)))
             return {"values": out}
         except Exception as e:
@@ -605,13 +603,16 @@ class HostRuntime(WorkerPlugin):
         try:
             out = []
             for pid, vid, dev in buffers:
-                cause = self.ledger.dropped(pid)
-                if cause is not None:
-                    raise cause
+                self._raise_if_dropped(pid)
                 out.append(self.store.value((pid, vid), dev, gone))
             return ("values", out)
         except Exception as e:  # noqa: BLE001 - the client raises it
             return ("error", _picklable(e))
+
+    def _raise_if_dropped(self, pid: str) -> None:
+        cause = self.ledger.dropped(pid)
+        if cause is not None:
+            raise cause
 
     def status(self, buffers: list[tuple[str, int, int]]) -> list[str]:
         """Per buffer ``pending``, ``ready`` or ``error``, without waiting."""

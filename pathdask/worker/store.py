@@ -233,13 +233,7 @@ class BufferStore:
                     self.cond.wait(POLL_S)
             finally:
                 self._thread_waiters -= 1
-            state, value, error = buf.state, buf.value, buf.error
-        if state == "error":
-            assert error is not None
-            raise error
-        if value is None:
-            raise BufferFreedError(f"Buffer {key} on device {device} was freed before it was read")
-        return value
+        return self._outcome(buf, key, device)
 
     def _wake_threads(self) -> None:
         """Wake the plain threads waiting in :meth:`value` (under ``cond``); devices are not woken."""
@@ -277,6 +271,10 @@ class BufferStore:
                 fut = None
         if fut is not None:
             await fut
+        return self._outcome(buf, key, device)
+
+    def _outcome(self, buf: Buffer, key: BufferKey, device: int) -> np.ndarray:
+        """A settled buffer's value; its error raised if it failed, or if it was freed meanwhile."""
         with self.cond:
             state, value, error = buf.state, buf.value, buf.error
         if state == "error":
