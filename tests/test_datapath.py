@@ -64,7 +64,7 @@ def test_a_local_systems_clients_reach_its_scheduler_in_process(system, client):
 
 
 def _fetches_waiting(dask_worker) -> int:
-    return dask_worker.plugins["pathdask"].store._thread_waiters
+    return dask_worker.plugins["pathdask"].store.fetches_waiting()
 
 
 def test_results_come_over_the_hosts_sockets_and_a_host_lets_an_abandoned_fetch_go(system, client):

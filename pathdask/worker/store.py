@@ -75,7 +75,8 @@ class BufferStore:
         self._declared_waiters: dict[StoreKey, list[asyncio.Future[Any]]] = {}
         #: dropped programs -> why: a buffer of one that a later reader declares is born failed
         self._dropped: OrderedDict[str, BaseException] = OrderedDict()
-        self._thread_waiters = 0  # plain threads in :meth:`value`
+        #: the plain threads waiting in :meth:`value`, an event each, by the buffer they wait for
+        self._thread_waiters: dict[StoreKey, list[threading.Event]] = {}
 
     # -- registration (dispatch time) --------------------------------------
     def declare(self, key: BufferKey, device: int, *, owned: bool = False, consumers: int = 0,
@@ -90,7 +91,7 @@ class BufferStore:
                     buf.state, buf.error = "error", cause
                 for fut in self._declared_waiters.pop(skey, ()):
                     self.loop.call_soon_threadsafe(resolve, fut)
-                self._wake_threads()
+                self._wake_threads(skey)
             buf.owners += int(owned)
             buf.refs += consumers
 
@@ -196,7 +197,8 @@ class BufferStore:
         """
         with self.cond:
             remember(self._dropped, program, error)
-            self._wake_threads()
+            for skey in [k for k in self._thread_waiters if k[0] == program]:
+                self._wake_threads(skey)
             for skey in [k for k in self._declared_waiters if k[0] == program]:
                 for fut in self._declared_waiters.pop(skey):
                     self.loop.call_soon_threadsafe(fail, fut, error)
@@ -213,32 +215,43 @@ class BufferStore:
         :data:`POLL_S` while it waits, and ends the wait with ``ConnectionAbortedError``."""
         skey = (key[0], key[1], device)
         seen: Buffer | None = None
-        with self.cond:
-            self._thread_waiters += 1
+        while True:
+            with self.cond:
+                buf = self.buffers.get(skey)
+                if buf is None:
+                    if seen is not None:
+                        raise BufferFreedError(f"Buffer {key} on device {device} was freed before it was read")
+                    cause = self._dropped.get(key[0])
+                    if cause is not None:
+                        raise cause
+                elif buf.state != "pending":
+                    return self._outcome(buf, key, device)
+                else:
+                    seen = buf
+                # an event of its own: a buffer that settles wakes its waiters only
+                woken = threading.Event()
+                self._thread_waiters.setdefault(skey, []).append(woken)
             try:
-                while True:
-                    buf = self.buffers.get(skey)
-                    if buf is None:
-                        if seen is not None:
-                            raise BufferFreedError(f"Buffer {key} on device {device} was freed before it was read")
-                        cause = self._dropped.get(key[0])
-                        if cause is not None:
-                            raise cause
-                    elif buf.state != "pending":
-                        break
-                    else:
-                        seen = buf
-                    if gone():
-                        raise ConnectionAbortedError(f"nobody waits for buffer {key} on device {device} any more")
-                    self.cond.wait(POLL_S)
+                if gone():
+                    raise ConnectionAbortedError(f"nobody waits for buffer {key} on device {device} any more")
+                woken.wait(POLL_S)
             finally:
-                self._thread_waiters -= 1
-        return self._outcome(buf, key, device)
+                with self.cond:
+                    waiting = self._thread_waiters.get(skey, [])
+                    if woken in waiting:
+                        waiting.remove(woken)
+                    if not waiting:
+                        self._thread_waiters.pop(skey, None)
 
-    def _wake_threads(self) -> None:
-        """Wake the plain threads waiting in :meth:`value` (under ``cond``); devices are not woken."""
-        if self._thread_waiters:
-            threading.Condition.notify_all(self.cond)
+    def fetches_waiting(self) -> int:
+        """Plain threads (clients' fetches) waiting in :meth:`value` now."""
+        with self.cond:
+            return sum(len(w) for w in self._thread_waiters.values())
+
+    def _wake_threads(self, skey: StoreKey) -> None:
+        """Wake the plain threads waiting in :meth:`value` for ``skey`` (under ``cond``)."""
+        for woken in self._thread_waiters.pop(skey, ()):
+            woken.set()
 
     # -- waiting from the event loop ---------------------------------------
     async def wait_value(self, key: BufferKey, device: int) -> np.ndarray:
@@ -308,7 +321,7 @@ class BufferStore:
         waiters, buf.waiters = buf.waiters, []
         for fut in waiters:
             self.loop.call_soon_threadsafe(resolve, fut)
-        self._wake_threads()
+        self._wake_threads(buf.key)
 
     def _maybe_free(self, buf: Buffer) -> None:
         """Free a buffer nothing wants any more: no reader to come and no key that owns it.
