@@ -88,3 +88,21 @@ def test_results_come_over_the_hosts_sockets_and_a_host_lets_an_abandoned_fetch_
     assert y.status == "pending"  # let go before its program ended
     np.testing.assert_array_equal(y.result(timeout=30), np.arange(4.0) + 1.0)
     del x, y
+
+
+def test_a_client_that_cannot_reach_the_hosts_sockets_fetches_over_dask_comms(system, client, caplog):
+    """Where a host is in the cluster but its transport refuses this client (a firewall that
+    lets only Dask's ports through), results come over Dask's comms, with a warning."""
+    mesh = client.mesh({"x": 4}, island=0)
+    x = client.put(np.arange(4.0), mesh, P("x"))
+    sockets = client._sockets
+    assert sockets is not None
+    sockets.close()  # no idle connection left to reuse
+    sockets.closed, sockets.addresses = False, {}
+    sockets.lookup = lambda host: "127.0.0.1:1"  # nothing listens there: refused
+    with caplog.at_level("WARNING", logger="pathdask.client"):
+        np.testing.assert_array_equal(x.result(timeout=30), np.arange(4.0))
+    assert client._sockets is None
+    assert "cannot be reached from this client" in caplog.text
+    np.testing.assert_array_equal(x.result(timeout=30), np.arange(4.0))
+    del x

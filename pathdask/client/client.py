@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import threading
 import uuid
@@ -29,7 +30,7 @@ from ..streams import tighten
 from ..topology import DeviceId, DeviceInfo, Topology
 from .array import ShardedArray
 from .calls import CALL_OP, build_call
-from .fetch import HOST_CHECK_AFTER, HostSockets
+from .fetch import HOST_CHECK_AFTER, HostSockets, Unreachable
 from .lowering import build_graph, build_sequential_graph, lower
 from .program import Program
 
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     import xarray as xr
 
 __all__ = ["Client", "connect"]
+
+logger = logging.getLogger("pathdask.client")
 
 #: plan ids a client remembers per host as sent; hosts keep twice as many (worker/plans.py)
 PLANS_REMEMBERED = PLANS_PER_CLIENT // 2
@@ -519,12 +522,13 @@ class Client:
         if self._sockets is not None:
             try:
                 return self._sockets.fetch(array.ref, avoid, seconds)
+            except Unreachable as e:
+                logger.warning("pathdask: %s; results come over Dask's comms from now on", e)
+                self._sockets.close()
+                self._sockets = None
             except TimeoutError:
                 assert seconds is not None
-                raise TimeoutError(
-                    f"The shards of program {array._pid} were not ready within {seconds:g}s. "
-                    f"{self.dask.sync(self._waiting_for, array._pid)}"
-                ) from None
+                raise _not_ready(array, seconds, self.dask.sync(self._waiting_for, array._pid)) from None
 
         async def ask(addr: str, buffers: list[tuple[str, int, int]]) -> dict[str, Any]:
             return dict(await self._ask_host(addr, "pathdask_fetch", "holds shards of this array",
@@ -537,10 +541,8 @@ class Client:
             try:
                 return await asyncio.wait_for(gather(array.ref, ask, avoid), seconds)
             except TimeoutError:
-                raise TimeoutError(
-                    f"The shards of program {array._pid} were not ready within {seconds:g}s. "
-                    f"{await self._waiting_for(array._pid)}"
-                ) from None
+                assert seconds is not None
+                raise _not_ready(array, seconds, await self._waiting_for(array._pid)) from None
 
         return self.dask.sync(fetch)
 
@@ -623,6 +625,10 @@ def _put_part(block_nbytes: int) -> int:
     """
     frame = parse_bytes(dask.config.get("distributed.comm.shard"))
     return max(block_nbytes, 1) if block_nbytes <= frame else parse_bytes(dask.config.get("pathdask.transfer-chunk"))
+
+
+def _not_ready(array: ShardedArray, seconds: float, waits: str) -> TimeoutError:
+    return TimeoutError(f"The shards of program {array._pid} were not ready within {seconds:g}s. {waits}")
 
 
 def _consume(task: asyncio.Future[Any]) -> None:

@@ -12,6 +12,10 @@ gives a client when it registers (a Dask client can run code on the workers
 anyway), over TLS where Dask uses it. A connection carries one request at a
 time; idle ones are kept for the next fetch.
 
+A client that cannot reach a host's transport (a firewall that lets only Dask's
+ports through) fetches over Dask's comms instead, from then on, and says so once
+in its log.
+
 Nothing waits forever. ``timeout`` bounds the whole fetch; a fetch still waiting
 after :data:`HOST_CHECK_AFTER` asks the scheduler whether the hosts it waits for
 have left (``DeviceLostError``); a connection that closes or resets is a lost
@@ -38,13 +42,18 @@ from ..errors import DeviceLostError
 from ..gather import OutputRef, assemble
 from ..worker.transport import REQUEST, read_message, write_message
 
-__all__ = ["HOST_CHECK_AFTER", "HostSockets"]
+__all__ = ["HOST_CHECK_AFTER", "HostSockets", "Unreachable"]
 
 #: a fetch that takes longer than this asks the scheduler whether its hosts have left (a dead
 #: host's connection may not say so: its machine, not only its process, may be gone)
 HOST_CHECK_AFTER = 0.5
 #: seconds to open a connection to a host's transport
 CONNECT_TIMEOUT = 10.0
+
+
+class Unreachable(ConnectionError):
+    """A host that is in the cluster refuses this client's connections, or drops them (a
+    firewall that lets only Dask's ports through): its results are fetched over Dask's comms."""
 
 
 class HostSockets:
@@ -145,8 +154,11 @@ class HostSockets:
             raise DeviceLostError(f"Host {addr}, which holds shards of this array, left the cluster")
         with self.lock:
             self.addresses[addr] = found
-        with _lost_if_cut(addr):
+        try:
             return self._connect(found)
+        except OSError as e:  # the host is there, but this client cannot reach its transport
+            raise Unreachable(f"host {addr} is in the cluster, but its transport at {found} cannot be "
+                              f"reached from this client ({type(e).__name__}: {e})") from e
 
     def _connect(self, where: str) -> socket.socket:
         host, port = where.rsplit(":", 1)
