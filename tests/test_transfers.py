@@ -73,6 +73,13 @@ def test_hosts_learn_each_others_transport_when_they_join():
     with dask.config.set({"pathdask.in-process-peers": False}), \
             pw.LocalSystem(SMALL, processes=False, dashboard_address=None) as system:
         with system.client(name="peers") as client:
+            # a program with no piece between hosts on every host: its dispatch comes on the
+            # scheduler's stream after the announcements, so each host has read them by its end
+            n = SMALL.devices_per_island
+            add = pw.function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"))
+            for island in range(SMALL.islands):
+                m = client.mesh({"x": n}, island=island)
+                np.testing.assert_array_equal(add(client.put(np.zeros(n), m, P("x"))).result(), np.ones(n))
             known = client.dask.run(_peers)
             own = {addr: transport for addr, (transport, _) in known.items()}
             assert len(own) == SMALL.num_hosts and all(own.values())
