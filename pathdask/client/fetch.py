@@ -27,7 +27,6 @@ values.
 from __future__ import annotations
 
 import contextlib
-import select
 import selectors
 import socket
 import ssl
@@ -40,7 +39,7 @@ import numpy as np
 
 from ..errors import DeviceLostError
 from ..gather import OutputRef, assemble
-from ..worker.transport import REQUEST, read_message, write_message
+from ..worker.transport import REQUEST, read_message, readable_now, write_message
 
 __all__ = ["HOST_CHECK_AFTER", "HostSockets", "Unreachable"]
 
@@ -141,7 +140,7 @@ class HostSockets:
                 where = self.addresses.get(addr)
             if sock is None:
                 break
-            if not _readable(sock):  # an idle connection has nothing to read unless it closed
+            if not readable_now(sock):  # an idle connection has nothing to read unless it closed
                 return sock
             _close(sock)
         if where is not None:
@@ -200,13 +199,6 @@ def _lost_if_cut(addr: str) -> Iterator[None]:
     except OSError as e:
         raise DeviceLostError(f"Host {addr}, which holds shards of this array, is gone "
                               f"({type(e).__name__}: {e})") from e
-
-
-def _readable(sock: socket.socket) -> bool:
-    try:
-        return bool(select.select([sock], [], [], 0)[0])
-    except (OSError, ValueError):
-        return True
 
 
 def _close(sock: socket.socket) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hmac
 import logging
 import pickle
-import select
+import selectors
 import socket
 import ssl
 import struct
@@ -75,6 +75,17 @@ def write_message(sock: socket.socket, message: Any) -> None:
     else:
         for part in parts:  # large buffers go without a copy
             sock.sendall(part)
+
+
+def readable_now(sock: socket.socket) -> bool:
+    """Whether ``sock`` has something to read (or is closed) right now; any number of file
+    descriptors (``select.select`` stops at 1024)."""
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(sock, selectors.EVENT_READ)
+            return bool(sel.select(0))
+    except (OSError, ValueError):
+        return True  # closed under us
 
 
 def read_message(sock: socket.socket) -> Any:
@@ -225,14 +236,9 @@ class SocketTransport:
             return ("error", RuntimeError("this transport answers no requests"))
 
         def gone() -> bool:
-            """The asker closed its end (or we are closing): nothing will read the answer."""
-            if self.closing:
-                return True
-            try:
-                readable, _, _ = select.select([conn], [], [], 0)
-            except (OSError, ValueError):
-                return True
-            return bool(readable)  # EOF, a reset, or a second request before this answer: all end it
+            """The asker closed its end (or we are closing): nothing will read the answer.
+            Readable means EOF, a reset, or a second request before this answer: all end it."""
+            return self.closing or readable_now(conn)
 
         try:
             return self.serve(request, gone)
