@@ -106,3 +106,25 @@ def test_a_client_that_cannot_reach_the_hosts_sockets_fetches_over_dask_comms(sy
     assert "cannot be reached from this client" in caplog.text
     np.testing.assert_array_equal(x.result(timeout=30), np.arange(4.0))
     del x
+
+
+def test_a_fetch_asks_the_scheduler_whether_its_hosts_left(system, client):
+    """A fetch still waiting asks the scheduler, in one message, whether the hosts it waits for
+    left (a host whose machine is gone may never close its connection): then DeviceLostError."""
+    import pathdask as pw
+
+    mesh = client.mesh({"x": 4}, island=0)
+    host = mesh.hosts[0]
+    assert client._hosts_gone([host, "tcp://127.0.0.1:1"]) == ["tcp://127.0.0.1:1"]
+    x = client.put(np.arange(4.0), mesh, P("x"))
+    y = pw.function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=3.0)(x)
+    sockets = client._sockets
+    assert sockets is not None
+    asked: list[list[str]] = []
+    sockets.gone = lambda hosts: asked.append(hosts) or hosts  # as if they had all left
+    with pytest.raises(pw.DeviceLostError, match="left the cluster"):
+        y.result(timeout=30)
+    assert asked == [sorted(mesh.hosts)]
+    sockets.gone = client._hosts_gone
+    np.testing.assert_array_equal(y.result(timeout=30), np.arange(4.0) + 1.0)
+    del x, y

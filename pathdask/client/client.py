@@ -99,7 +99,7 @@ class Client:
             security = self.dask.security
             self._sockets = HostSockets(info["transport_token"], info["transports"],
                                         security.get_connection_args("client").get("ssl_context"),
-                                        self._transport_of)
+                                        self._transport_of, self._hosts_gone)
         tighten(self.dask.scheduler_comm)  # calls travel on it
 
     def _new_pid(self) -> str:
@@ -511,6 +511,10 @@ class Client:
         except (OSError, DeviceLostError):
             return "error"  # a host holding shards is gone
         return "error" if "error" in states else "pending" if "pending" in states else "ready"
+
+    def _hosts_gone(self, hosts: list[str]) -> list[str]:
+        """Which of ``hosts`` have left the cluster."""
+        return list(self.dask.sync(self.dask.scheduler.pathdask_hosts_gone, hosts=hosts))
 
     def _transport_of(self, host: str) -> str | None:
         """Where host ``host``'s socket transport listens now; ``None`` if it has left."""

@@ -18,8 +18,9 @@ in its log.
 
 Nothing waits forever. ``timeout`` bounds the whole fetch; a fetch still waiting
 after :data:`HOST_CHECK_AFTER` asks the scheduler whether the hosts it waits for
-have left (``DeviceLostError``); a connection that closes or resets is a lost
-host. A fetch that ends early (an error, a timeout, Ctrl-C) closes the
+have left (``DeviceLostError``), and again at doubling intervals up to
+:data:`HOST_CHECK_MAX`, one message each time; a connection that closes or
+resets is a lost host. A fetch that ends early (an error, a timeout, Ctrl-C) closes the
 connections it did not read to the end, and the hosts stop waiting for their
 values.
 """
@@ -46,6 +47,8 @@ __all__ = ["HOST_CHECK_AFTER", "HostSockets", "Unreachable"]
 #: a fetch that takes longer than this asks the scheduler whether its hosts have left (a dead
 #: host's connection may not say so: its machine, not only its process, may be gone)
 HOST_CHECK_AFTER = 0.5
+#: the longest time between two such checks while a fetch waits (they double from HOST_CHECK_AFTER)
+HOST_CHECK_MAX = 5.0
 #: seconds to open a connection to a host's transport
 CONNECT_TIMEOUT = 10.0
 
@@ -69,11 +72,13 @@ class HostSockets:
     lookup : callable
         ``lookup(host)`` asks the scheduler where ``host``'s transport listens now;
         ``None`` if the host has left.
+    gone : callable
+        ``gone(hosts)`` asks the scheduler which of ``hosts`` have left, in one message.
     """
 
     def __init__(self, token: bytes, transports: dict[str, str], tls: ssl.SSLContext | None,
-                 lookup: Callable[[str], str | None]) -> None:
-        self.token, self.tls, self.lookup = token, tls, lookup
+                 lookup: Callable[[str], str | None], gone: Callable[[list[str]], list[str]]) -> None:
+        self.token, self.tls, self.lookup, self.gone = token, tls, lookup, gone
         self.addresses = dict(transports)
         self.idle: dict[str, list[socket.socket]] = defaultdict(list)
         self.lock = threading.Lock()
@@ -100,11 +105,14 @@ class HostSockets:
             with selectors.DefaultSelector() as sel:
                 for sock in asked:
                     sel.register(sock, selectors.EVENT_READ, sock)
+                every = HOST_CHECK_AFTER  # between checks that the hosts are still there, doubling
+                check_at = time.monotonic() + every
                 while asked:
-                    wait = HOST_CHECK_AFTER if deadline is None else min(HOST_CHECK_AFTER, deadline - time.monotonic())
-                    if wait <= 0:
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline:
                         raise TimeoutError(f"no answer within {timeout:g}s from host(s) {sorted(asked.values())}")
-                    ready = sel.select(wait)
+                    until = check_at if deadline is None else min(check_at, deadline)
+                    ready = sel.select(max(0.0, until - now))
                     for key, _ in ready:
                         sock = key.data
                         addr = asked[sock]
@@ -116,10 +124,12 @@ class HostSockets:
                         if kind == "error":
                             raise value
                         replies[addr] = value
-                    if not ready:
-                        gone = sorted(a for a in asked.values() if self.lookup(a) is None)
+                    if asked and time.monotonic() >= check_at:
+                        gone = self.gone(sorted(set(asked.values())))
                         if gone:
                             raise DeviceLostError(f"Host(s) {gone}, which hold shards of this array, left the cluster")
+                        every = min(2 * every, HOST_CHECK_MAX)
+                        check_at = time.monotonic() + every
         finally:
             for sock in asked:  # not read to the end: its host stops waiting when it sees it closed
                 _close(sock)

@@ -41,6 +41,7 @@ logger = logging.getLogger("pathdask.scheduler")
 HANDLERS = (
     "pathdask_register_host",
     "pathdask_transport_of",
+    "pathdask_hosts_gone",
     "pathdask_host_failed",
     "pathdask_register_client",
     "pathdask_info",
@@ -181,6 +182,10 @@ class PathwaysScheduler(SchedulerPlugin):
     def transport_of(self, host: str) -> str | None:
         """Where ``host``'s socket transport listens; ``None`` if it left (or has none)."""
         return self.transports.get(host) if host in self.resources.hosts else None
+
+    def hosts_gone(self, hosts: list[str]) -> list[str]:
+        """Which of ``hosts`` are not (or no longer) in the cluster."""
+        return [h for h in hosts if h not in self.resources.hosts]
 
     async def host_failed(self, address: str, error: dict[str, Any]) -> None:
         """A worker's host runtime could not start; waiters learn it at once, with its error."""
