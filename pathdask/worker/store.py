@@ -236,12 +236,7 @@ class BufferStore:
                     raise ConnectionAbortedError(f"nobody waits for buffer {key} on device {device} any more")
                 woken.wait(POLL_S)
             finally:
-                with self.cond:
-                    waiting = self._thread_waiters.get(skey, [])
-                    if woken in waiting:
-                        waiting.remove(woken)
-                    if not waiting:
-                        self._thread_waiters.pop(skey, None)
+                self._unwait(self._thread_waiters, skey, woken)
 
     def fetches_waiting(self) -> int:
         """Plain threads (clients' fetches) waiting in :meth:`value` now."""
@@ -266,12 +261,7 @@ class BufferStore:
             try:
                 await declared
             finally:
-                with self.cond:
-                    waiting = self._declared_waiters.get(skey, [])
-                    if declared in waiting:
-                        waiting.remove(declared)
-                    if not waiting:
-                        self._declared_waiters.pop(skey, None)
+                self._unwait(self._declared_waiters, skey, declared)
             with self.cond:
                 buf = self.buffers.get(skey)
             if buf is None:
@@ -315,6 +305,15 @@ class BufferStore:
             fut = self.loop.create_future()
             self._empty_waiters.append(fut)
         await fut
+
+    def _unwait(self, table: dict[StoreKey, list[Any]], skey: StoreKey, waiter: Any) -> None:
+        """Take ``waiter`` off ``table[skey]`` unless a wake took it already."""
+        with self.cond:
+            waiting = table.get(skey, [])
+            if waiter in waiting:
+                waiting.remove(waiter)
+            if not waiting:
+                table.pop(skey, None)
 
     # -- internals (hold self.cond) ----------------------------------------
     def _wake(self, buf: Buffer) -> None:
