@@ -40,7 +40,7 @@ import numpy as np
 
 from ..errors import DeviceLostError
 from ..gather import OutputRef, assemble
-from ..worker.transport import REQUEST, read_message, readable_now, write_message
+from ..worker.transport import REQUEST, connect, read_message, readable_now, write_message
 
 __all__ = ["HOST_CHECK_AFTER", "HostSockets", "Unreachable"]
 
@@ -170,18 +170,7 @@ class HostSockets:
                               f"reached from this client ({type(e).__name__}: {e})") from e
 
     def _connect(self, where: str) -> socket.socket:
-        host, port = where.rsplit(":", 1)
-        sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.tls is not None:
-                sock = self.tls.wrap_socket(sock)
-            sock.sendall(self.token)
-            sock.settimeout(None)  # the fetch waits with a selector
-        except BaseException:
-            _close(sock)
-            raise
-        return sock
+        return connect(where, self.token, self.tls, CONNECT_TIMEOUT)  # then the fetch waits with a selector
 
     def _keep(self, addr: str, sock: socket.socket) -> None:
         with self.lock:

@@ -106,7 +106,8 @@ class PathwaysScheduler(SchedulerPlugin):
         self.output_owners: dict[Any, tuple[str, str, int]] = {}
         #: the secret hosts present to each other on the socket transport (sent over Dask comms)
         self.transport_token = secrets.token_bytes(TOKEN_BYTES)
-        #: host address -> where its socket transport listens, as the host reported it
+        #: host address -> where its socket transport listens, as the host reported it (hosts
+        #: in the cluster only: a host that leaves or fails to start is taken out)
         self.transports: dict[str, str] = {}
         self.progress = asyncio.Event()  # set whenever the order changed (programs slotted or ended)
         #: the record of device activity that the dashboard and traces read
@@ -191,6 +192,7 @@ class PathwaysScheduler(SchedulerPlugin):
         """A worker's host runtime could not start; waiters learn it at once, with its error."""
         logger.error("pathdask: the host runtime on %s failed to start: %s", address, error.get("exception_text"))
         self.resources.remove_host(address)
+        self.transports.pop(address, None)
         self.host_failures[address] = error
         await self._hosts_changed()
 
@@ -281,7 +283,7 @@ class PathwaysScheduler(SchedulerPlugin):
         self.activity.record.name_client(client, name)
         # the hosts' transports and their token: the client fetches results there (client/fetch.py)
         return {**self.info(), "calls": supported(self.scheduler), "transport_token": self.transport_token,
-                "transports": {a: t for a, t in self.transports.items() if a in self.resources.hosts}}
+                "transports": dict(self.transports)}
 
     def remove_client(self, scheduler: Scheduler, client: str) -> None:
         if client not in self.clients:

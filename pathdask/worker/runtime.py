@@ -98,15 +98,15 @@ class HostRuntime(WorkerPlugin):
         if self.chunk <= 0:
             raise ValueError(f"pathdask.transfer-chunk must be a positive size such as '8 MiB', got "
                              f"{dask.config.get('pathdask.transfer-chunk')!r}")
+        driven = dask.config.get("pathdask.driver")
+        if driven not in DRIVERS:
+            raise ValueError(f"pathdask.driver must be one of {', '.join(map(repr, DRIVERS))}, got {driven!r}")
         self.peers.start()  # it listens now: the registration tells every other host where
         # before registering: the scheduler may announce other hosts as soon as this one is known
         worker.stream_handlers.update({
             "pathdask-host-lost": self.peers.mark_lost,
             "pathdask-host-joined": self.peers.mark_joined,
         })
-        driven = dask.config.get("pathdask.driver")
-        if driven not in DRIVERS:
-            raise ValueError(f"pathdask.driver must be one of {', '.join(map(repr, DRIVERS))}, got {driven!r}")
         requested = dask.config.get("pathdask.worker.host", None)
         if requested is None and isinstance(worker.name, int):
             requested = worker.name

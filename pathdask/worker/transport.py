@@ -77,6 +77,23 @@ def write_message(sock: socket.socket, message: Any) -> None:
             sock.sendall(part)
 
 
+def connect(address: str, token: bytes, tls: ssl.SSLContext | None, timeout: float | None = None) -> socket.socket:
+    """A connection to the transport at ``address`` (``host:port``), through TLS where ``tls``
+    is given, that has presented ``token``; it blocks with no timeout once open."""
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            sock = tls.wrap_socket(sock)
+        sock.sendall(token)
+        sock.settimeout(None)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def readable_now(sock: socket.socket) -> bool:
     """Whether ``sock`` has something to read (or is closed) right now; any number of file
     descriptors (``select.select`` stops at 1024)."""
@@ -169,13 +186,7 @@ class SocketTransport:
             with self.lock:
                 entry = self.peers.get(peer)
                 if entry is None:
-                    host, port = peer.rsplit(":", 1)
-                    sock = socket.create_connection((host, int(port)))
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    if self.client_tls is not None:
-                        sock = self.client_tls.wrap_socket(sock)
-                    sock.sendall(self.token)
-                    entry = self.peers[peer] = (sock, threading.Lock())
+                    entry = self.peers[peer] = (connect(peer, self.token, self.client_tls), threading.Lock())
         return entry
 
     # -- receiving -------------------------------------------------------------
