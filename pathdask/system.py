@@ -192,7 +192,10 @@ class LocalSystem:
 
     def client(self, name: str = "client", weight: float = 1.0) -> Client:
         """A new pathdask client (one tenant) connected to this system."""
-        c = Client(self.client_address, name=name, weight=weight, security=self.security)
+        cluster = self._require()
+        # on the scheduler's own event loop, as Dask's ``Client(cluster)``: a call and its
+        # reports pass between client and scheduler with no thread hand-off
+        c = Client(self.client_address, name=name, weight=weight, security=self.security, loop=cluster.loop)
         self._clients.append(c)
         return c
 

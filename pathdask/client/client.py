@@ -59,15 +59,18 @@ class Client:
         Its weight under proportional share.
     security : distributed.Security, optional
         Dask's security settings, for a scheduler that uses TLS.
+    loop : tornado.ioloop.IOLoop, optional
+        The event loop of a scheduler in this process, to share, as a Dask client made
+        from a ``LocalCluster`` does: no thread hand-off between them.
     """
 
     def __init__(self, address: str | DaskClient, *, name: str = "client", weight: float = 1.0,
-                 timeout: Any = "30s", security: Any = None) -> None:
+                 timeout: Any = "30s", security: Any = None, loop: Any = None) -> None:
         if isinstance(address, DaskClient):
             self.dask, self._owns_dask = address, False
         else:
             self.dask = DaskClient(address, set_as_default=False, timeout=parse_timedelta(timeout),
-                                   security=security)
+                                   security=security, loop=loop)
             self._owns_dask = True
         self.name, self.weight = name, float(weight)
         self._inflight: dict[str, list[Any]] = {}
