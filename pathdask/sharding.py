@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import lru_cache
 
 import numpy as np
 
@@ -66,20 +66,11 @@ class Sharding:
         """Which block (per dimension) the device at ``position`` holds."""
         return self._blocks[position]
 
-    @cached_property
+    @property
     def _blocks(self) -> tuple[tuple[int, ...], ...]:
-        """Per mesh position, its block index (computed once: results are assembled per call)."""
-        out = []
-        for position in range(self.mesh.size):
-            coords = self.mesh.coords(position)
-            block = []
-            for dim in range(len(self.shape)):
-                idx = 0
-                for a in self.spec.axes_of(dim):
-                    idx = idx * self.mesh.shape[a] + coords[a]
-                block.append(idx)
-            out.append(tuple(block))
-        return tuple(out)
+        """Per mesh position, its block index (shared by equal shardings: results are
+        assembled per call, each with a sharding of its own)."""
+        return _block_table(self.shape, self.mesh.axes, self.spec._key())
 
     def index(self, position: int) -> Index:
         """Global slices of the block on the device at ``position``."""
@@ -125,12 +116,35 @@ class Sharding:
     def positions_by_block(self) -> dict[tuple[int, ...], list[int]]:
         return {block: list(positions) for block, positions in self._positions.items()}
 
-    @cached_property
+    @property
     def _positions(self) -> dict[tuple[int, ...], tuple[int, ...]]:
-        out: dict[tuple[int, ...], list[int]] = {}
-        for p, block in enumerate(self._blocks):
-            out.setdefault(block, []).append(p)
-        return {block: tuple(positions) for block, positions in out.items()}
+        return _positions_table(self.shape, self.mesh.axes, self.spec._key())
+
+
+@lru_cache(maxsize=4096)
+def _block_table(shape: tuple[int, ...], axes: tuple[tuple[str, int], ...],
+                 spec: tuple[tuple[str, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    sizes = dict(axes)
+    out = []
+    for position in range(math.prod(sizes.values())):
+        coords = dict(zip(sizes, np.unravel_index(position, tuple(sizes.values()))))
+        block = []
+        for dim in range(len(shape)):
+            idx = 0
+            for a in spec[dim] if dim < len(spec) else ():
+                idx = idx * sizes[a] + int(coords[a])
+            block.append(idx)
+        out.append(tuple(block))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _positions_table(shape: tuple[int, ...], axes: tuple[tuple[str, int], ...],
+                     spec: tuple[tuple[str, ...], ...]) -> dict[tuple[int, ...], tuple[int, ...]]:
+    out: dict[tuple[int, ...], list[int]] = {}
+    for p, block in enumerate(_block_table(shape, axes, spec)):
+        out.setdefault(block, []).append(p)
+    return {block: tuple(positions) for block, positions in out.items()}
 
 
 def global_shape(block_shape: tuple[int, ...], mesh: Mesh, spec: PartitionSpec) -> tuple[int, ...]:

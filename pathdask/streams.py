@@ -1,13 +1,22 @@
-"""Dask's batched streams on the path of a program call, at ``pathdask.stream-interval``.
+"""Dask's batched streams on the path of a program call.
 
 A ``distributed.batched.BatchedSend`` sends at most one batch per interval: the
 client's stream to the scheduler every 10 ms, the scheduler's to each worker
 every 5 ms, a worker's to the scheduler every 2 ms. A message sent just after
-another therefore waits out the interval, and a call waits behind the release
-of the previous call's arguments: a client that waits for each result would
-take at least 10 ms per call. pathdask sets the streams that carry calls,
-orders and program endings to a shorter interval; messages sent in one
-event-loop tick still go as one batch.
+another waits out the interval. That suits what Dask sends about keys (a
+release, an acknowledgement), not a program call that a client waits for.
+
+So pathdask's own messages (calls, orders and dispatches, program endings)
+go at once with :func:`send_now`, taking along whatever Dask queued before
+them, in order. Dask's messages keep batching at Dask's intervals, and mostly
+ride with the next call. A client that waits for each result thus sends one
+message per call, the scheduler one per host, and each host one back:
+
+- the release of the previous result goes with the next call;
+- the scheduler's ``free-keys`` for it goes with that call's dispatch;
+- a host's acknowledgement of that free (``release-worker-data``) goes with
+  the program's ending, because a host's stream batches at
+  ``pathdask.stream-interval`` (:func:`pace`), longer than a call.
 """
 
 from __future__ import annotations
@@ -17,12 +26,21 @@ from typing import Any
 import dask
 from dask.utils import parse_timedelta
 
-__all__ = ["tighten"]
+__all__ = ["send_now", "pace"]
 
 
-def tighten(stream: Any) -> None:
-    """Set a ``BatchedSend``'s interval to ``pathdask.stream-interval`` if that is shorter."""
-    interval = parse_timedelta(dask.config.get("pathdask.stream-interval"))
-    if stream is not None and isinstance(getattr(stream, "interval", None), float | int) \
-            and interval < stream.interval:
-        stream.interval = interval
+def send_now(stream: Any, *msgs: Any) -> None:
+    """Send ``msgs`` on a ``BatchedSend`` now, after what it holds, without waiting out its interval.
+
+    ``next_deadline`` and ``waker`` are the stream's own pacing: the background sender
+    waits on ``waker`` until ``next_deadline``, and sends at once when woken with none.
+    """
+    stream.send(*msgs)
+    if stream.next_deadline is not None:
+        stream.next_deadline = None
+        stream.waker.set()
+
+
+def pace(stream: Any) -> None:
+    """Set a host's stream to the scheduler to batch at ``pathdask.stream-interval``."""
+    stream.interval = parse_timedelta(dask.config.get("pathdask.stream-interval"))

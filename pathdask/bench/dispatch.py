@@ -33,6 +33,7 @@ from .. import P, function, pmean, program
 from ..client.client import Client
 from ..client.function import Function
 from ..client.program import ProgramFunction
+from ..streams import pace
 from ..system import LocalSystem, default_topology
 from ..topology import Topology
 from .multicontroller import run_multicontroller
@@ -145,12 +146,30 @@ def _shard_step(value: float, total: float, n: int, cost: float) -> float:
     return total / n + 1.0
 
 
+def _host_pacing(dask_default: bool, dask_worker: Any = None) -> None:
+    """Set a host's stream to the scheduler to Dask's own interval, or back to pathdask's."""
+    if dask_default:
+        dask_worker.batched_stream.interval = dask_worker.plugins["pathdask"].dask_stream_interval
+    else:
+        pace(dask_worker.batched_stream)
+
+
 def _dask_run(client: Client, workers: list[str], k: int, cost: float, shape: str) -> float | None:
-    """Plain Dask: one future per shard, a reduce task per step, pinned like the devices."""
-    dc = client.dask
-    n = len(workers)
+    """Plain Dask: one future per shard, a reduce task per step, pinned like the devices,
+    with Dask's own stream intervals (pathdask batches Dask's messages longer on its hosts)."""
     if shape == "Fused":
         return None  # a fused collective loop has no plain-Dask form: there are no collectives
+    hosts = sorted(set(workers))
+    client.dask.run(_host_pacing, True, workers=hosts)
+    try:
+        return _plain_dask(client, workers, k, cost, shape)
+    finally:
+        client.dask.run(_host_pacing, False, workers=hosts)
+
+
+def _plain_dask(client: Client, workers: list[str], k: int, cost: float, shape: str) -> float:
+    dc = client.dask
+    n = len(workers)
     start = time.perf_counter()
     if shape == "OpByOp":
         shards = [dc.submit(float, 0.0, workers=[w], pure=False) for w in workers]

@@ -26,7 +26,7 @@ from ..mesh import Mesh, check_shape
 from ..ops import PLANS_PER_CLIENT, GangSpec, HostPlan, OutSpec, PutOp
 from ..sharding import Sharding
 from ..spec import PartitionSpec
-from ..streams import tighten
+from ..streams import send_now
 from ..topology import DeviceId, DeviceInfo, Topology
 from .array import ShardedArray
 from .calls import CALL_OP, build_call
@@ -103,7 +103,6 @@ class Client:
             self._sockets = HostSockets(info["transport_token"], info["transports"],
                                         security.get_connection_args("client").get("ssl_context"),
                                         self._transport_of, self._hosts_gone)
-        tighten(self.dask.scheduler_comm)  # calls travel on it
 
     def _new_pid(self) -> str:
         return f"{self._pid_prefix}{next(self._pids):08x}"
@@ -397,6 +396,7 @@ class Client:
 
         Straight onto the stream, as Dask's own queued messages go
         (``_send_to_scheduler_safe``): queuing it again would let it fall behind them.
+        It goes at once, with the releases queued before it (``streams.py``).
         """
         with self._lock:
             waiting, self._waiting_calls = self._waiting_calls, []
@@ -404,6 +404,7 @@ class Client:
             return
         try:
             self.dask._send_to_scheduler_safe({"op": CALL_OP, "calls": [call for call, _ in waiting]})
+            send_now(self.dask.scheduler_comm)
         finally:  # sent, or never to be: either way no host will count these reads later
             self._unread([a for _, reads in waiting for a in reads])
 

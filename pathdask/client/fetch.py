@@ -28,7 +28,7 @@ values.
 from __future__ import annotations
 
 import contextlib
-import selectors
+import select
 import socket
 import ssl
 import threading
@@ -102,34 +102,35 @@ class HostSockets:
                 asked[sock] = addr
                 with _lost_if_cut(addr):
                     write_message(sock, (REQUEST, ("fetch", [b for _, b in items])))
-            with selectors.DefaultSelector() as sel:
-                for sock in asked:
-                    sel.register(sock, selectors.EVENT_READ, sock)
-                every = HOST_CHECK_AFTER  # between checks that the hosts are still there, doubling
-                check_at = time.monotonic() + every
-                while asked:
-                    now = time.monotonic()
-                    if deadline is not None and now >= deadline:
-                        raise TimeoutError(f"no answer within {timeout:g}s from host(s) {sorted(asked.values())}")
-                    until = check_at if deadline is None else min(check_at, deadline)
-                    ready = sel.select(max(0.0, until - now))
-                    for key, _ in ready:
-                        sock = key.data
-                        addr = asked[sock]
-                        with _lost_if_cut(addr):
-                            kind, value = read_message(sock)
-                        sel.unregister(sock)
-                        del asked[sock]
-                        self._keep(addr, sock)
-                        if kind == "error":
-                            raise value
-                        replies[addr] = value
-                    if asked and time.monotonic() >= check_at:
-                        gone = self.gone(sorted(set(asked.values())))
-                        if gone:
-                            raise DeviceLostError(f"Host(s) {gone}, which hold shards of this array, left the cluster")
-                        every = min(2 * every, HOST_CHECK_MAX)
-                        check_at = time.monotonic() + every
+            poller = select.poll()  # no file descriptor of its own to make and close, as epoll has
+            by_fd: dict[int, socket.socket] = {}
+            for sock in asked:
+                poller.register(sock, select.POLLIN)
+                by_fd[sock.fileno()] = sock
+            every = HOST_CHECK_AFTER  # between checks that the hosts are still there, doubling
+            check_at = time.monotonic() + every
+            while asked:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    raise TimeoutError(f"no answer within {timeout:g}s from host(s) {sorted(asked.values())}")
+                until = check_at if deadline is None else min(check_at, deadline)
+                for fd, _ in poller.poll(max(0.0, until - now) * 1e3):
+                    sock = by_fd[fd]
+                    addr = asked[sock]
+                    with _lost_if_cut(addr):
+                        kind, value = read_message(sock)
+                    poller.unregister(sock)
+                    del asked[sock]
+                    self._keep(addr, sock)
+                    if kind == "error":
+                        raise value
+                    replies[addr] = value
+                if asked and time.monotonic() >= check_at:
+                    gone = self.gone(sorted(set(asked.values())))
+                    if gone:
+                        raise DeviceLostError(f"Host(s) {gone}, which hold shards of this array, left the cluster")
+                    every = min(2 * every, HOST_CHECK_MAX)
+                    check_at = time.monotonic() + every
         finally:
             for sock in asked:  # not read to the end: its host stops waiting when it sees it closed
                 _close(sock)
@@ -170,7 +171,7 @@ class HostSockets:
                               f"reached from this client ({type(e).__name__}: {e})") from e
 
     def _connect(self, where: str) -> socket.socket:
-        return connect(where, self.token, self.tls, CONNECT_TIMEOUT)  # then the fetch waits with a selector
+        return connect(where, self.token, self.tls, CONNECT_TIMEOUT)  # then the fetch waits with poll
 
     def _keep(self, addr: str, sock: socket.socket) -> None:
         with self.lock:

@@ -24,7 +24,7 @@ from distributed.protocol.pickle import dumps
 
 from ..errors import DeviceLostError, DispatchError
 from ..ops import as_key, dispatched_program
-from ..streams import tighten
+from ..streams import send_now
 from ..topology import Topology
 from ..worker.links import add_stats
 from ..worker.peers import TOKEN_BYTES
@@ -166,7 +166,6 @@ class PathwaysScheduler(SchedulerPlugin):
             self.transports.pop(address, None)
         else:  # a host restarted on its old address has a new one
             self.transports[address] = transport
-        tighten(self.scheduler.stream_comms.get(address))  # orders and dispatches travel on it
         self._tell_all({"op": "pathdask-host-joined", "host": address, "transport": transport}, but=address)
         await self._hosts_changed()
         logger.info("pathdask: %s is island %d host %d", address, rec.island, rec.host)
@@ -412,9 +411,11 @@ class PathwaysScheduler(SchedulerPlugin):
         for addr in hosts:
             self._tell(addr, {"op": "pathdask-drop-programs", "pids": pids, "reason": reason, "host": lost})
 
-    def _tell(self, addr: str, msg: dict[str, Any]) -> bool:
+    def _tell(self, addr: str, msg: dict[str, Any], now: bool = True) -> bool:
         """Send ``msg`` on the scheduler's stream to host ``addr``; ``False`` if the host is gone.
 
+        It goes at once (``streams.py``), unless ``now`` is false: then it waits, as
+        Dask's own messages do, for the next that goes at once or the stream's interval.
         ``stream_comms`` is the scheduler's own table of batched streams to workers;
         ``Scheduler.send_all`` would do, but silently drops messages to a gone worker.
         """
@@ -426,7 +427,10 @@ class PathwaysScheduler(SchedulerPlugin):
                 self._background(self._tell_leaving(addr, msg))
                 return True
             return False
-        comm.send(msg)
+        if now:
+            send_now(comm, msg)
+        else:
+            comm.send(msg)
         return True
 
     def _background(self, coro: Any) -> None:
@@ -501,7 +505,7 @@ class PathwaysScheduler(SchedulerPlugin):
         if owner is None:
             return
         addr, pid, index = owner
-        self._tell(addr, {"op": "pathdask-release-outputs", "outputs": [(pid, index)]})
+        self._tell(addr, {"op": "pathdask-release-outputs", "outputs": [(pid, index)]}, now=False)
 
     def _dispatch_failed(self, key: Any, info: dict[str, Any]) -> None:
         pid = dispatched_program(key)

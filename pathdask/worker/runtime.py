@@ -41,7 +41,7 @@ from ..errors import DeviceLostError, DispatchError, GangAbortedError
 from ..gather import encode_block
 from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, ReshardOp, as_key
 from ..sharding import contiguous
-from ..streams import tighten
+from ..streams import pace, send_now
 from ..topology import DeviceInfo, Topology
 from .activity import activity
 from .bounded import remember
@@ -114,7 +114,9 @@ class HostRuntime(WorkerPlugin):
             address=worker.address, requested=requested, transport=self.peers.address
         )
         self.peers.admit(reply["transport_token"], reply["transports"])
-        tighten(worker.batched_stream)  # program endings travel on it
+        #: Dask's own interval for this stream, for benchmarks of plain Dask on these workers
+        self.dask_stream_interval = worker.batched_stream.interval
+        pace(worker.batched_stream)  # Dask's acknowledgements wait for the next program ending
         self.topology = Topology.from_dict(reply["topology"])
         self.island, self.host = reply["island"], reply["host"]
         self.ordering: bool = reply["ordering"]
@@ -398,7 +400,8 @@ class HostRuntime(WorkerPlugin):
         self._wake_idle()
 
     def _send_scheduler(self, msg: dict[str, Any]) -> None:
-        """A one-way message on the worker's stream to the scheduler.
+        """A one-way message on the worker's stream to the scheduler, sent at once
+        (``streams.py``).
 
         ``batched_stream.comm`` is Dask's private state: it tells whether the
         stream is up, which ``BatchedSend.send`` does not.
@@ -406,7 +409,7 @@ class HostRuntime(WorkerPlugin):
         assert self.worker is not None
         comm = self.worker.batched_stream.comm
         if comm is not None and not comm.closed():
-            self.worker.batched_stream.send(msg)
+            send_now(self.worker.batched_stream, msg)
 
     # -- data plane: exchange ----------------------------------------------------
     def exchange(

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hmac
 import logging
 import pickle
-import selectors
+import select
 import socket
 import ssl
 import struct
@@ -98,9 +98,9 @@ def readable_now(sock: socket.socket) -> bool:
     """Whether ``sock`` has something to read (or is closed) right now; any number of file
     descriptors (``select.select`` stops at 1024)."""
     try:
-        with selectors.DefaultSelector() as sel:
-            sel.register(sock, selectors.EVENT_READ)
-            return bool(sel.select(0))
+        poller = select.poll()  # no kernel object to make and close, as an epoll selector has
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError):
         return True  # closed under us
 
