@@ -3,7 +3,8 @@
 Python ignores an exception raised inside a garbage-collector callback or a
 ``__del__`` ("Exception ignored in ..."), and Dask installs a gc callback; so a
 ``KeyboardInterrupt`` that happens to arrive there is lost, and the run goes
-on (and Dask's gc bookkeeping is left broken). Under
+on (and Dask's gc bookkeeping is left broken); one that arrives in Dask's
+``sync()`` before its coroutine started makes Dask log an error. Under
 :func:`reliable_interrupts`, an interrupt that arrives in such a frame is
 raised a moment later instead, and one that has not started the orderly
 shutdown a second later (lost some other way) is raised again. Once a ``LocalSystem`` is
@@ -44,10 +45,17 @@ def _later(seconds: float) -> None:
 
 
 def _swallowed_here(frame: FrameType | None) -> bool:
-    """Whether Python would ignore an exception raised in ``frame``: in a ``__del__`` or a gc callback."""
+    """Whether an exception raised in ``frame`` would be lost: Python ignores it in a ``__del__``
+    or a gc callback; and in Dask's ``sync()`` before its coroutine made its future, the
+    cancel it schedules fails on the event loop (its ``future`` is unbound) and is logged."""
+    from distributed.utils import sync
+
     callbacks = {getattr(getattr(cb, "__func__", cb), "__code__", None) for cb in gc.callbacks}
     while frame is not None:
-        if frame.f_code.co_name == "__del__" or frame.f_code in callbacks:
+        code = frame.f_code
+        if code.co_name == "__del__" or code in callbacks:
+            return True
+        if code is sync.__code__ and "future" not in frame.f_locals:
             return True
         frame = frame.f_back
     return False

@@ -7,7 +7,7 @@ another waits out the interval. That suits what Dask sends about keys (a
 release, an acknowledgement), not a program call that a client waits for.
 
 So pathdask's own messages (calls, orders and dispatches, program endings)
-go at once with :func:`send_now`, taking along whatever Dask queued before
+go at once (:func:`flush` after them), taking along whatever Dask queued before
 them, in order. Dask's messages keep batching at Dask's intervals, and mostly
 ride with the next call. A client that waits for each result thus sends one
 message per call, the scheduler one per host, and each host one back:
@@ -26,17 +26,17 @@ from typing import Any
 import dask
 from dask.utils import parse_timedelta
 
-__all__ = ["send_now", "pace"]
+__all__ = ["flush", "pace"]
 
 
-def send_now(stream: Any, *msgs: Any) -> None:
-    """Send ``msgs`` on a ``BatchedSend`` now, after what it holds, without waiting out its interval.
+def flush(stream: Any) -> None:
+    """Send what a ``BatchedSend`` holds now, without waiting out its interval.
 
-    ``next_deadline`` and ``waker`` are the stream's own pacing: the background sender
+    ``next_deadline`` and ``waker`` are the stream's own pacing: its background sender
     waits on ``waker`` until ``next_deadline``, and sends at once when woken with none.
+    A stream that is not started or already closed is left alone.
     """
-    stream.send(*msgs)
-    if stream.next_deadline is not None:
+    if stream is not None and stream.buffer and stream.next_deadline is not None:
         stream.next_deadline = None
         stream.waker.set()
 

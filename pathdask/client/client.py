@@ -26,7 +26,7 @@ from ..mesh import Mesh, check_shape
 from ..ops import PLANS_PER_CLIENT, GangSpec, HostPlan, OutSpec, PutOp
 from ..sharding import Sharding
 from ..spec import PartitionSpec
-from ..streams import send_now
+from ..streams import flush
 from ..topology import DeviceId, DeviceInfo, Topology
 from .array import ShardedArray
 from .calls import CALL_OP, build_call
@@ -404,7 +404,7 @@ class Client:
             return
         try:
             self.dask._send_to_scheduler_safe({"op": CALL_OP, "calls": [call for call, _ in waiting]})
-            send_now(self.dask.scheduler_comm)
+            flush(self.dask.scheduler_comm)
         finally:  # sent, or never to be: either way no host will count these reads later
             self._unread([a for _, reads in waiting for a in reads])
 

@@ -24,7 +24,7 @@ from distributed.protocol.pickle import dumps
 
 from ..errors import DeviceLostError, DispatchError
 from ..ops import as_key, dispatched_program
-from ..streams import send_now
+from ..streams import flush
 from ..topology import Topology
 from ..worker.links import add_stats
 from ..worker.peers import TOKEN_BYTES
@@ -427,10 +427,9 @@ class PathwaysScheduler(SchedulerPlugin):
                 self._background(self._tell_leaving(addr, msg))
                 return True
             return False
+        comm.send(msg)
         if now:
-            send_now(comm, msg)
-        else:
-            comm.send(msg)
+            flush(comm)
         return True
 
     def _background(self, coro: Any) -> None:

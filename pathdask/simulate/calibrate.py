@@ -8,7 +8,8 @@ times, on meshes of 1, 2 and 4 hosts (each cost is a least-squares line over the
   per call and per host;
 - every host's dispatch (its handler of calls is wrapped with a timer), for
   one op and for ``k`` ops per device: host CPU per dispatch and per op;
-- a program of ``k`` chained gangs: the devices' own time per op;
+- a program of ``k`` chained gangs: the devices' own time per op, beyond the
+  body's NumPy, which is timed as the simulation times every body;
 - ``k`` one-gang calls back to back: the scheduler's CPU is what is left of each
   call's time once the client's, the hosts' and the devices' are taken out (one
   process: they all queue on one GIL);
@@ -37,6 +38,7 @@ from ..bench.multicontroller import run_multicontroller
 from ..bench.tenancy import _throughput
 from ..system import LocalSystem
 from .model import CostModel
+from .schedule import body_seconds
 
 Echo = Callable[[str], Any]
 
@@ -124,6 +126,8 @@ def measure(k: int = 64, repeats: int = 3, echo: Echo = print) -> dict[str, Any]
                 raise RuntimeError(f"calibration needs a mesh of {size} devices on {hosts} host(s); got {mesh.hosts}")
             x = client.put(np.zeros(size), mesh, P("x"))
             raw[str(hosts)] = {"devices": size, **_measure(client, kernels, x, spans, repeats)}
+            # the body's own NumPy, which the simulation times per kernel (``schedule.body_seconds``)
+            raw[str(hosts)]["compute"] = body_seconds(kernels.step.body, mesh, [np.zeros(1)])
             # one GIL: clients that each wait for every result saturate it; a call takes 1/rate of it
             raw[str(hosts)]["lone"] = 1.0 / _throughput(system, LONE_CLIENTS, 0.0, LONE_SECONDS, devices=size)
             echo(f"  {hosts} host(s): " + ", ".join(f"{n} {v * 1e3:.3f} ms" for n, v in raw[str(hosts)].items()
@@ -157,13 +161,16 @@ def fit(raw: dict[str, Any]) -> CostModel:
     host_dispatch = max(statistics.median(r[h]["dispatch1"] for h in hosts) - host_op * dph, 0.0)
     # collectives: a fused gang of k psums over all the mesh's devices, every thread on one GIL; each
     # member sends to and collects from every host of the mesh
-    exchange, exchange_host = _line([h - 1 for h in hosts], [r[h]["fused"] / r[h]["devices"] for h in hosts])
+    # (beyond the body's compute, which the simulation adds per kernel)
+    compute = {h: r[h].get("compute", 0.0) for h in hosts}
+    exchange, exchange_host = _line([h - 1 for h in hosts], [r[h]["fused"] / r[h]["devices"] - compute[h]
+                                                             for h in hosts])
     # devices: gangs of one psum back to back; what is not the psum is the op's own time
-    device_op = max(statistics.median(r[h]["chained"] / r[h]["devices"] - exchange - exchange_host * (h - 1)
-                                      for h in hosts), 0.0)
+    device_op = max(statistics.median(r[h]["chained"] / r[h]["devices"] - compute[h] - exchange
+                                      - exchange_host * (h - 1) for h in hosts), 0.0)
 
     def own(h: int) -> float:
-        return (device_op + exchange + exchange_host * (h - 1)) * r[h]["devices"]
+        return (device_op + compute[h] + exchange + exchange_host * (h - 1)) * r[h]["devices"]
 
     # scheduler: what is left of each back-to-back call
     left = [r[h]["opbyop"] - r[h]["call"] - h * (host_dispatch + host_op * dph) - own(h) for h in hosts]

@@ -7,10 +7,11 @@ its last op, and ``real``, where its thread is. A program's ops on a host may
 start once that host has it (dispatched and slotted: ``ready``).
 
 - A kernel starts at ``begin = max(modelled, ready)``; its thread spends
-  ``device_op_s`` (``real``); its collectives sync the members of each group
-  (the latest member's arrival, plus the link time of its pieces); it ends at
-  ``max(begin + cost_s, real, last collective)``. Back to back, a device is thus
-  busy ``max(cost_s, device_op_s)`` per kernel, as the real one is.
+  ``device_op_s`` and the body's measured compute (``real``); its collectives
+  sync the members of each group (the latest member's arrival, plus the link
+  time of its pieces); it ends at ``max(begin + cost_s, real, last collective)``.
+  Back to back, a device is thus busy ``max(cost_s, device_op_s + compute)``
+  per kernel, as the real one is.
 - A move's send leaves at the device's modelled clock and takes no device time;
   each piece books the sender's and the receiver's ports of the real
   :class:`~pathdask.worker.links.LinkModel` on the virtual clock; the receive
@@ -82,12 +83,13 @@ class DeviceEngine:
     def _kernel(self, step: Step, ready: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         devs, c = step.devs, self.costs
         begin = np.maximum(self.modelled[devs], ready)
-        remote = sum(c.exchange_s + ex.remote_hosts * c.exchange_host_s for ex in step.exchanges)
+        own_s = c.device_op_s + step.compute + sum(c.exchange_s + ex.remote_hosts * c.exchange_host_s
+                                                   for ex in step.exchanges)
         if self.shared is not None:  # every thread's own time, one after another, on the one processor
-            own = self.shared.book(float(begin.min()), len(devs) * (c.device_op_s + remote))
+            own = self.shared.book(float(begin.min()), len(devs) * own_s)
             end = np.maximum(begin + step.cost, own)
         else:
-            end = np.maximum(begin + step.cost, np.maximum(self.real[devs], ready) + c.device_op_s + remote)
+            end = np.maximum(begin + step.cost, np.maximum(self.real[devs], ready) + own_s)
         t = begin
         for ex in step.exchanges:
             t = np.broadcast_to(t.reshape(step.shape).max(axis=ex.axes, keepdims=True), step.shape).ravel() + ex.seconds

@@ -13,13 +13,16 @@ A kernel's collectives are found by running its body once, at mesh position 0,
 on zero blocks, with a gang context that records each exchange: which mesh axes
 its pieces span and how many bytes a member sends. The real runtime exchanges
 inside the body and the kernel then holds its device until ``cost_s`` from its
-start; so does the simulation (:mod:`.devices`).
+start; so does the simulation (:mod:`.devices`). The same runs time the body's
+compute (NumPy on one device's blocks, at the computed width): the real device
+thread spends it too, in Python's one thread at a time.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,6 +69,8 @@ class Step:
     pieces: tuple[tuple[DeviceInfo, DeviceInfo, int], ...] = ()
     scale: float = 1.0
     hosts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # global host of each dev
+    #: a kernel's compute per device: its body's NumPy on the blocks, as the real device thread runs it
+    compute: float = 0.0
 
 
 @dataclass
@@ -138,10 +143,15 @@ def _exchange(topology: Topology, mesh: Mesh, axes: tuple[int, ...], nbytes: int
     return Exchange(axes, seconds, nbytes, len({d.address for d in group}) - 1)
 
 
+#: runs of a kernel body whose fastest is its compute time (the first also warms NumPy's paths)
+BODY_RUNS = 3
+
+
 @functools.lru_cache(maxsize=1024)
 def _collectives(topology: Topology, body: Any, mesh: Mesh, blocks: tuple[tuple[tuple[int, ...], str], ...],
-                 replicated: tuple[tuple[str, ...], ...]) -> tuple[Exchange, ...]:
-    """The exchanges a kernel body makes (once per body, mesh and block signature)."""
+                 replicated: tuple[tuple[str, ...], ...]) -> tuple[tuple[Exchange, ...], float]:
+    """The exchanges a kernel body makes, and its compute seconds on one device's blocks
+    (once per body, mesh and block signature)."""
     rec = _Recorder(mesh)
     zeros = [np.zeros(shape, dtype=dtype) for shape, dtype in blocks]
     with bind(rec), np.errstate(all="ignore"):
@@ -153,7 +163,20 @@ def _collectives(topology: Topology, body: Any, mesh: Mesh, blocks: tuple[tuple[
         axes = tuple(mesh.axis_names.index(a) for a in names)
         size = math.prod(mesh.shape[a] for a in names)
         found.append(_exchange(topology, mesh, axes, 8 * n_out * (size - 1)))
-    return tuple(e for e in found if e is not None)
+    return tuple(e for e in found if e is not None), body_seconds(body, mesh, zeros)
+
+
+def body_seconds(body: Any, mesh: Mesh, blocks: Sequence[np.ndarray]) -> float:
+    """A kernel body's compute on ``blocks``: the fastest of :data:`BODY_RUNS` runs, its
+    collectives answered at once with zeros (their time is the exchanges')."""
+    best = math.inf
+    for _ in range(BODY_RUNS):
+        rec = _Recorder(mesh)
+        with bind(rec), np.errstate(all="ignore"):
+            t = time.perf_counter()
+            body(*blocks)
+            best = min(best, time.perf_counter() - t)
+    return best
 
 
 def _piece_bytes(program: Program, op: ReshardOp, index: tuple[slice, ...]) -> int:
@@ -211,7 +234,7 @@ def _kernel_step(program: Program, topology: Topology, gang: GangSpec, entries: 
     op = entries[0][1]
     assert isinstance(op, KernelOp) and gang.body is not None
     blocks = tuple((program.values[r.index].sharding.shard_shape, program.values[r.index].dtype) for r in op.inputs)
-    exchanges = _collectives(topology, gang.body, gang.mesh, blocks, gang.replicated)
+    exchanges, compute = _collectives(topology, gang.body, gang.mesh, blocks, gang.replicated)
     devs = np.array([d.id for d in gang.members], dtype=np.int64)
     return Step("kernel", gang.index, gang.name, devs, gang.cost_s, tuple(gang.mesh.shape.values()), exchanges,
-                hosts=devs // topology.devices_per_host)
+                hosts=devs // topology.devices_per_host, compute=compute)

@@ -41,7 +41,7 @@ from ..errors import DeviceLostError, DispatchError, GangAbortedError
 from ..gather import encode_block
 from ..ops import BufferKey, GangSpec, HostPlan, KernelOp, ReshardOp, as_key
 from ..sharding import contiguous
-from ..streams import pace, send_now
+from ..streams import flush, pace
 from ..topology import DeviceInfo, Topology
 from .activity import activity
 from .bounded import remember
@@ -409,7 +409,8 @@ class HostRuntime(WorkerPlugin):
         assert self.worker is not None
         comm = self.worker.batched_stream.comm
         if comm is not None and not comm.closed():
-            send_now(self.worker.batched_stream, msg)
+            self.worker.batched_stream.send(msg)
+            flush(self.worker.batched_stream)
 
     # -- data plane: exchange ----------------------------------------------------
     def exchange(

@@ -1,0 +1,72 @@
+"""pathdask's messages go at once on Dask's batched streams, with what Dask queued before them."""
+
+import asyncio
+import gc
+
+import numpy as np
+from distributed.batched import BatchedSend
+from distributed.comm import connect, listen
+
+from pathdask import P, function
+from pathdask.streams import flush
+
+
+async def _pair(interval: str) -> tuple[BatchedSend, "asyncio.Queue[object]", object]:
+    got: asyncio.Queue[object] = asyncio.Queue()
+
+    async def handle(comm):  # the other side reads batches until the stream closes
+        while True:
+            try:
+                batch = await comm.read()
+            except Exception:  # noqa: BLE001 - closed
+                return
+            for m in batch:
+                got.put_nowait(m)
+
+    listener = await listen("inproc://", handle)
+    stream = BatchedSend(interval=interval)
+    stream.start(await connect(listener.contact_address))
+    return stream, got, listener
+
+
+def test_flush_sends_what_a_stream_holds_without_waiting_out_its_interval():
+    async def go():
+        stream, got, listener = await _pair("1h")
+        stream.send("first")  # an idle stream sends at once...
+        assert await asyncio.wait_for(got.get(), 10) == "first"
+        stream.send("held", "too")  # ...and then holds what follows for its interval (an hour)
+        await asyncio.sleep(0)
+        assert got.empty()
+        flush(stream)
+        assert [await asyncio.wait_for(got.get(), 10) for _ in range(2)] == ["held", "too"]  # in order
+        stream.send("again")
+        flush(stream)
+        assert await asyncio.wait_for(got.get(), 10) == "again"
+        await stream.close()
+        listener.stop()
+
+    asyncio.run(go())
+
+
+def test_flush_leaves_empty_unstarted_and_missing_streams_alone():
+    flush(None)
+    idle = BatchedSend(interval="1h")
+    flush(idle)  # not started: nothing to send, nothing raised
+    idle.send("queued")
+    flush(idle)
+    assert idle.buffer == ["queued"]  # sent once the stream starts, as Dask would
+
+
+def test_a_waiting_client_keeps_getting_results_with_releases_riding_along(system, client):
+    """Calls that each wait for their result, releasing the previous one: every release reaches
+    the hosts (their stores empty, while the client is still open) though none goes on its own."""
+    mesh = client.mesh({"x": 4})
+    inc = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), name="inc")
+    y = client.put(np.zeros(4), mesh, P("x"))
+    for i in range(20):
+        y = inc(y)
+        np.testing.assert_array_equal(y.result(), np.full(4, i + 1.0))
+    del y
+    gc.collect()
+    stats = system.wait_idle(timeout="15s")  # raises unless every buffer was freed
+    assert all(s["buffers"] == 0 for s in stats["devices"].values())
