@@ -148,3 +148,17 @@ def test_small_validation_against_a_real_run() -> None:
             real = k / min(run() for _ in range(2))
             sim, _ = dispatch_rate(topo, costs, programs, "Chained", k, name)
             assert abs(sim - real) / real < 0.3, (name, real, sim)
+
+
+def test_a_processor_runs_work_in_the_free_time_around_work_booked_ahead() -> None:
+    """Work ready before a span booked ahead (a gang's, booked when its program started) runs in
+    the gaps around it, not after everything booked; zero work waits until the processor is free."""
+    from pathdask.simulate.clock import Processor
+
+    p = Processor("one")
+    assert p.book(0.0, 1.0) == 1.0
+    assert p.book(3.0, 1.0) == 4.0  # booked ahead: busy 0-1 and 3-4
+    assert p.book(0.5, 1.5) == 2.5  # from the end of the first span, in the gap
+    assert p.book(0.0, 1.0) == 4.5  # half in the gap 2.5-3, the rest after the span 3-4
+    assert p.book(2.0, 0.0) == 4.5  # nothing to do, but not before the processor is free
+    assert p.free_at == 4.5 and p.busy_s == 4.5

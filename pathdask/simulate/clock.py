@@ -2,14 +2,18 @@
 
 simpy (a small, well-kept discrete-event library) gives the event queue and
 generator processes, which is how clients' call patterns read
-(``yield from h.call(...)``). Processors are not simpy resources: a FIFO
-processor whose requests come in time order is fully described by when it is
-free next, so booking one is one ``max`` and one add, and booking the hosts of a
-512-host program is one NumPy expression instead of 512 events.
+(``yield from h.call(...)``). Processors are not simpy resources: a processor
+whose requests come in time order is fully described by when it is free next,
+so booking one is one ``max`` and one add, and booking the hosts of a 512-host
+program is one NumPy expression instead of 512 events. The one shared processor
+of the embedded model also takes work booked out of time order
+(:class:`Processor`).
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -40,18 +44,71 @@ class Clock(simpy.Environment):
 
 
 class Processor:
-    """One FIFO processor: work booked at ``ready`` runs when it is free, for ``seconds``."""
+    """One processor: work booked at ``ready`` runs in its earliest free time from then on,
+    for ``seconds`` in all.
 
-    def __init__(self, name: str = "") -> None:
+    Work is not always booked in time order: a device thread's gangs are booked when
+    its program starts, ahead of their time. Work ready earlier than such a booking
+    runs in the free time before it and around it, as a thread that holds no GIL
+    lets the others run. ``now`` (the clock's time) lets it forget what has passed.
+    """
+
+    def __init__(self, name: str = "", now: Callable[[], float] | None = None) -> None:
         self.name = name
-        self.free_at = 0.0
+        self.now = now
         self.busy_s = 0.0
+        #: disjoint busy spans in time order (only those not passed yet)
+        self._starts: list[float] = []
+        self._ends: list[float] = []
+
+    @property
+    def free_at(self) -> float:
+        """When everything booked so far is done."""
+        return self._ends[-1] if self._ends else 0.0
 
     def book(self, ready: float, seconds: float) -> float:
         """Returns when the work is done."""
-        self.free_at = max(ready, self.free_at) + seconds
         self.busy_s += seconds
-        return self.free_at
+        starts, ends = self._starts, self._ends
+        if self.now is not None and ends and ends[0] <= self.now():
+            del_to = bisect.bisect_right(ends, self.now())
+            del starts[:del_to], ends[:del_to]
+        if not ends or ready >= ends[-1]:  # in time order: after everything booked
+            if ends and ready == ends[-1]:
+                ends[-1] = ready + seconds
+            else:
+                starts.append(ready)
+                ends.append(ready + seconds)
+            return ready + seconds
+        # in the gaps from ``ready`` on, around the spans booked ahead
+        i = bisect.bisect_right(ends, ready)  # the first span that ends after ``ready``
+        t, left = ready, seconds
+        if i < len(starts) and starts[i] <= t:  # busy at ``ready``: from the end of that span
+            t = ends[i]
+            i += 1
+        while left > 0:
+            run = min(left, (starts[i] if i < len(starts) else math.inf) - t)
+            starts.insert(i, t)
+            ends.insert(i, t + run)
+            i += 1
+            left -= run
+            t += run
+            if left > 0:  # the gap ended where span ``i`` begins
+                t = ends[i]
+                i += 1
+        self._merge()
+        return t
+
+    def _merge(self) -> None:
+        starts, ends = self._starts, self._ends
+        j = 0
+        for k in range(1, len(starts)):
+            if starts[k] <= ends[j]:
+                ends[j] = max(ends[j], ends[k])
+            else:
+                j += 1
+                starts[j], ends[j] = starts[k], ends[k]
+        del starts[j + 1:], ends[j + 1:]
 
 
 class Hosts:

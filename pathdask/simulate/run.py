@@ -48,6 +48,9 @@ from .schedule import Schedule, compile_schedule
 
 __all__ = ["Call", "ClientScript", "SimResult", "Simulation", "Tenant", "simulate"]
 
+#: virtual times closer than this are one instant (simpy adds delays to ``now`` in floating point)
+TICK_S = 1e-12
+
 Script = Callable[["Tenant"], Generator[Any, Any, Any]]
 
 
@@ -208,7 +211,7 @@ class Simulation:
         self.clock = Clock()
         self.islands = IslandScheduler(policy)
         self.overlap = overlap
-        shared = Processor("shared") if self.costs.shared_cpu else None
+        shared = Processor("shared", lambda: self.clock.now) if self.costs.shared_cpu else None
         self.engine = DeviceEngine(topology, self.costs, trace_gangs, shared)
         self.shared = shared
         self.scheduler_cpu = shared or Processor("scheduler")
@@ -234,6 +237,10 @@ class Simulation:
         wall = time.perf_counter()
         self.clock.run(until)
         wall = time.perf_counter() - wall
+        stuck = [c.pid for c in self.calls.values() if c.done_at is None]
+        if until is None and stuck:  # no event left, yet calls that never ran: a bug, not a result
+            raise RuntimeError(f"The simulation stalled at {self.clock.now:.6f} s with {len(stuck)} call(s) that "
+                               f"never ran ({stuck[:5]}); slotted and waiting: {self.islands.info()}")
         stats = self.engine.stats()
         stats["scheduler"] = self.islands.info()
         stats["clients"] = {t.id: {"name": t.name, "done": self.islands.done.get(t.id, 0),
@@ -273,7 +280,9 @@ class Simulation:
             assert call.dispatched is not None and call.order_at is not None
             ready = np.maximum(call.dispatched, call.order_at)
             when = float(ready.max())
-            if when > now:
+            # simpy reaches a wake-up at ``when`` as ``now + (when - now)``, which may fall short
+            # of ``when`` by a rounding error: that is the same instant, not a later one
+            if when > now + TICK_S:
                 if self._wake is None or self._wake > when or self._wake <= now:
                     self._wake = when
                     self.clock.at(when, self._advance)
