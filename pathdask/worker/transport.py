@@ -202,18 +202,23 @@ class SocketTransport:
             t.start()
 
     def _authenticate(self, conn: socket.socket) -> socket.socket | None:
-        """The connection, after TLS and the token check; ``None`` if the peer failed either."""
+        """The connection, after TLS and the token check; ``None`` if the peer failed either,
+        and then it is counted (``rejected``) before it is closed."""
         try:
             if self.server_tls is not None:
-                conn = self.server_tls.wrap_socket(conn, server_side=True)
+                # handshake here, not in ``wrap_socket``, which closes the socket on failure
+                conn = self.server_tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+                conn.do_handshake()
             token = bytes(_recv_exact(conn, len(self.token)))
         except (ssl.SSLError, ConnectionError, OSError) as e:
             logger.warning("pathdask: refused a peer connection (%s: %s)", type(e).__name__, e)
             self.rejected += 1
+            conn.close()
             return None
         if not hmac.compare_digest(token, self.token):
             logger.warning("pathdask: refused a peer connection that did not present the host token")
             self.rejected += 1
+            conn.close()
             return None
         with self.lock:
             self.conns.append(conn)
@@ -222,7 +227,6 @@ class SocketTransport:
     def _receive(self, raw: socket.socket) -> None:
         conn = self._authenticate(raw)
         if conn is None:
-            raw.close()
             return
         try:
             while not self.closing:
