@@ -70,9 +70,9 @@ class Processor:
         """Returns when the work is done."""
         self.busy_s += seconds
         starts, ends = self._starts, self._ends
-        if self.now is not None and ends and ends[0] <= self.now():
-            del_to = bisect.bisect_right(ends, self.now())
-            del starts[:del_to], ends[:del_to]
+        if self.now is not None and ends:  # forget the spans that have passed
+            passed = bisect.bisect_right(ends, self.now())
+            del starts[:passed], ends[:passed]
         if not ends or ready >= ends[-1]:  # in time order: after everything booked
             if ends and ready == ends[-1]:
                 ends[-1] = ready + seconds

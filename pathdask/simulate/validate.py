@@ -37,6 +37,10 @@ Echo = Callable[[str], Any]
 REAL_RUNS = 3
 
 
+def _runs(small: bool) -> int:
+    return 1 if small else REAL_RUNS
+
+
 def _row(rows: list[dict[str, Any]], name: str, real: float, sim: float, echo: Echo) -> None:
     err = abs(sim - real) / real if real else math.inf
     rows.append({"configuration": name, "real": real, "simulated": sim, "relative_error": err})
@@ -61,7 +65,7 @@ def dispatch_rows(costs: CostModel, small: bool, echo: Echo) -> list[dict[str, A
                         ("pathdask", lambda s=shape, kn=kernels: _pathdask_run(kn, x, s, "parallel")),
                         ("multi-controller", lambda s=shape, kn=kernels: _mc_run(client, kn, x, s))):
                     run()  # warm-up: traces, plans, connections
-                    real = k / min(run() for _ in range(1 if small else REAL_RUNS))
+                    real = k / min(run() for _ in range(_runs(small)))
                     sim, _ = dispatch_rate(topology, costs, programs, shape, k, system_name)
                     _row(rows, f"dispatch {system_name} {shape} {cost * 1e3:g} ms", real, sim, echo)
         client.close()
@@ -74,7 +78,7 @@ def tenancy_rows(costs: CostModel, small: bool, echo: Echo) -> list[dict[str, An
     rows: list[dict[str, Any]] = []
     with LocalSystem(topology, processes=False, dashboard_address=None, policy="proportional") as system:
         for weights in cfg.weights:
-            runs = [bench_tenancy._shares(system, cfg, weights, echo)["share"] for _ in range(1 if small else REAL_RUNS)]
+            runs = [bench_tenancy._shares(system, cfg, weights, echo)["share"] for _ in range(_runs(small))]
             real = [float(np.mean(col)) for col in zip(*runs)]  # shares: the mean of the runs
             sim, _ = shares(topology, costs, weights, cfg.gang_cost, cfg.gangs_per_program, cfg.inflight,
                             cfg.share_seconds)
@@ -83,7 +87,7 @@ def tenancy_rows(costs: CostModel, small: bool, echo: Echo) -> list[dict[str, An
         for n in cfg.clients:
             cost = cfg.costs[0]
             real_rate = max(bench_tenancy._throughput(system, n, cost, cfg.throughput_seconds)
-                            for _ in range(1 if small else REAL_RUNS))
+                            for _ in range(_runs(small)))
             sim_rate, _ = throughput(topology, costs, n, cost, cfg.throughput_seconds)
             _row(rows, f"tenancy {n} client(s) waiting on results, {cost * 1e3:g} ms: calls/s", real_rate,
                  sim_rate, echo)
@@ -91,7 +95,7 @@ def tenancy_rows(costs: CostModel, small: bool, echo: Echo) -> list[dict[str, An
 
 
 def pipeline_rows(costs: CostModel, small: bool, echo: Echo) -> list[dict[str, Any]]:
-    cfg = replace(bench_pipeline.Config.small(), steps=1 if small else REAL_RUNS)
+    cfg = replace(bench_pipeline.Config.small(), steps=_runs(small))
     b = bench_pipeline.Bench(cfg)
     topology = bench_pipeline._topology(cfg, 1)
     rows: list[dict[str, Any]] = []
