@@ -224,6 +224,12 @@ def test_record_is_bounded_on_a_running_system():
         trace = system.trace()
         assert int(trace.start.count()) == 40
         assert int((trace.name == "step").sum()) == 40  # the newest are kept: the puts dropped out
+        # the devices' own records are plain tuples, which full collections need not scan
+        gc.collect()
+        assert system.cluster is not None
+        streams = [s for w in system.cluster.workers.values() for s in w.plugins["pathdask"].streams.values()]
+        assert sum(len(s.timeline) for s in streams) > 0
+        assert not any(gc.is_tracked(r) for s in streams for r in s.timeline)
         del x
         client.close()
         assert_clean(system)

@@ -146,18 +146,21 @@ class Tenant:
         sim, c = self.sim, self.sim.costs
         sched = sim.schedule(program)
         start = sim.clock.now
-        per = c.mc_call_s + c.mc_op_s * sched.ops_per_host
+        # a host's loop registers its programs one after another (``rt.register``, as a dispatch
+        # does); the rest of a program's own cost comes once it is registered
+        register = c.host_dispatch_s + c.host_op_s * sched.ops_per_host
+        rest = np.maximum(c.mc_call_s + c.mc_op_s * sched.ops_per_host - register, 0.0)
         ready = np.empty((iterations, sched.n_hosts))
         if sim.hosts.shared is not None:  # one event loop: each host's loop runs to its end in turn
             for h in range(sched.n_hosts):
                 for i in range(iterations):
-                    ready[i, h] = sim.hosts.shared.book(start, float(per[h]))
+                    ready[i, h] = sim.hosts.shared.book(start, float(register[h]))
         else:
             for i in range(iterations):
-                ready[i] = sim.hosts.book(sched.hosts, start, per)
+                ready[i] = sim.hosts.book(sched.hosts, start, register)
         end = start
         for i in range(iterations):
-            end = max(end, float(sim.engine.run(sched, ready[i], f"mc{next(sim.ids)}", self.id).max()))
+            end = max(end, float(sim.engine.run(sched, ready[i], f"mc{next(sim.ids)}", self.id, lead=rest).max()))
         yield sim.clock.sleep_until(end)
         return end - start
 
@@ -221,6 +224,8 @@ class Simulation:
         self.ids = itertools.count()
         self.order: deque[Call] = deque()  # slotted, not yet run, in slot order
         self._wake: float | None = None
+        #: when the scheduler has seen to the last program ending that travelled alone
+        self._endings_free = 0.0
 
     def schedule(self, program: Program) -> Schedule:
         return compile_schedule(program, self.topology, self.overlap)
@@ -244,9 +249,10 @@ class Simulation:
         stats = self.engine.stats()
         stats["scheduler"] = self.islands.info()
         stats["clients"] = {t.id: {"name": t.name, "done": self.islands.done.get(t.id, 0),
-                                   "busy_s": self.engine.client_busy.get(t.id, 0.0)}
+                                   "busy_s": self.engine.client_busy.get(t.id, 0.0),
+                                   "ops": self.engine.client_ops.get(t.id, 0)}
                             for t in self.tenants.values()}
-        rows = [(t.start, t.end, t.src, t.dst, t.link, t.nbytes) for t in self.engine.links.transfers]
+        rows = list(self.engine.links.transfers)  # (start, end, src, dst, link, nbytes)
         return SimResult(self.topology, self.costs, self.clock.now, self.clock.events, self.engine.device_ops,
                          wall, self.tenants, list(self.calls.values()), stats, self.engine.gangs(), rows)
 
@@ -293,12 +299,17 @@ class Simulation:
             self.clock.at(done + self.costs.message_s, self._program_done, call)
 
     def _program_done(self, call: Call) -> None:
+        c, now = self.costs, self.clock.now
         slotted = []
         for addr in call.schedule.host_devices:
             slotted += self.islands.host_done(call.pid, addr)
-        call.done_at = self.clock.now
+        call.done_at = told = now
+        if not call.lone and now >= self._endings_free:  # the last ending was seen to: this one goes alone
+            hosts = call.schedule.hosts
+            sent = self.hosts.book(hosts, now, np.full(len(hosts), c.lone_done_host_s))
+            told = self._endings_free = self.scheduler_cpu.book(float(sent.max()), c.lone_done_s)
         assert call.done is not None
-        self.clock.at(self.clock.now + self.costs.message_s, call.done.succeed)
+        self.clock.at(told + c.message_s, call.done.succeed)
         self._slotted(slotted)
 
 

@@ -88,7 +88,9 @@ def host_label(d: DeviceInfo) -> str:
 
 
 class Transfer(NamedTuple):
-    """One modelled transfer, as its receiver booked it (``time.perf_counter()`` times)."""
+    """One modelled transfer, as its receiver booked it (``time.perf_counter()`` times).
+
+    Kept as a plain tuple and named when read, as :class:`~.device.GangRecord` is."""
 
     start: float
     end: float
@@ -111,7 +113,7 @@ class LinkModel:
         #: (source device, destination device) -> bytes that arrived over a link
         self.pair_bytes: dict[tuple[int, int], int] = {}
         #: recent transfers that arrived here
-        self.transfers: deque[Transfer] = deque(maxlen=log)
+        self.transfers: deque[tuple[Any, ...]] = deque(maxlen=log)  # Transfer fields
         self._infos: dict[int, DeviceInfo] = {}
         #: (sending, receiving device) -> (link class, link, sender's port, receiver's port)
         self._routes: dict[tuple[int, int], tuple[str, Link | None, Port | None, Port | None]] = {}
@@ -162,7 +164,7 @@ class LinkModel:
             begin = port.book(ready, seconds, nbytes, scale)
             self.pair_bytes[(src, dst.id)] = self.pair_bytes.get((src, dst.id), 0) + nbytes
             end = begin + seconds + link.latency
-            self.transfers.append(Transfer(begin, end, src, dst.id, cls, nbytes))
+            self.transfers.append((begin, end, src, dst.id, cls, nbytes))
         return end
 
     def stats(self) -> dict[str, dict[str, Any]]:
@@ -195,7 +197,7 @@ class LinkModel:
     def recent(self) -> list[Transfer]:
         """The recent transfers that arrived here, oldest first."""
         with self.lock:
-            return list(self.transfers)
+            return [Transfer._make(t) for t in self.transfers]
 
     def reset(self) -> None:
         """Forget the recent transfers (the port stats stay)."""

@@ -26,7 +26,7 @@ import random
 import threading
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -520,7 +520,7 @@ class HostRuntime(WorkerPlugin):
 
     def close_gang(self, pid: str, gang: GangSpec, device: int, collectives: int) -> None:
         """``device``'s body of ``gang`` returned after ``collectives`` collectives (device thread)."""
-        hosts = frozenset(m.address for m in gang.members)
+        hosts = tuple(sorted({m.address for m in gang.members}))  # a tuple of str: not tracked by the GC
         mismatch = self.mailbox.close_gang(pid, gang.index, device, collectives, gang.name, hosts)
         if mismatch is not None:
             raise mismatch.error()
@@ -530,7 +530,7 @@ class HostRuntime(WorkerPlugin):
         """A member of ``gang`` failed: wake every member, here and on other hosts."""
         self.abort(prog.pid, gang.index, {m.address for m in gang.members}, cause)
 
-    def abort(self, pid: str, gang: int, hosts: set[str] | frozenset[str], cause: BaseException) -> None:
+    def abort(self, pid: str, gang: int, hosts: Iterable[str], cause: BaseException) -> None:
         self.mailbox.abort_gang(pid, gang, cause)
         for addr in set(hosts) - {self.address}:  # ``peers.send`` skips hosts known to be lost
             try:

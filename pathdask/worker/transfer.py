@@ -44,7 +44,7 @@ class Mismatch:
     src: int
     collectives: int
     name: str
-    hosts: frozenset[str]
+    hosts: tuple[str, ...]
 
     def error(self) -> GangAbortedError:
         pid, _, seq, dst = self.key
@@ -77,7 +77,7 @@ class Mailbox:
         self.waits: dict[int, tuple[SlotKey, set[int], float]] = {}
         #: (program, gang, device) -> (collectives the device's body called, gang name, member
         #: hosts) once its body returned; a piece for a later collective is a mismatch
-        self.closed: OrderedDict[tuple[str, int, int], tuple[int, str, frozenset[str]]] = OrderedDict()
+        self.closed: OrderedDict[tuple[str, int, int], tuple[int, str, tuple[str, ...]]] = OrderedDict()
 
     def deliver(self, pieces: list[tuple[SlotKey, int, np.ndarray, float]]) -> list[Mismatch]:
         """Hand pieces ``(key, source, value, modelled arrival)`` to their devices, waking them
@@ -94,7 +94,7 @@ class Mailbox:
         return mismatches
 
     def close_gang(self, program: str, gang: int, device: int, collectives: int, name: str,
-                   hosts: frozenset[str]) -> Mismatch | None:
+                   hosts: tuple[str, ...]) -> Mismatch | None:
         """``device``'s body returned after ``collectives`` collectives; a piece that already
         came for a later one (a peer called a collective this device never will) is a mismatch."""
         with self.cond:
