@@ -259,9 +259,12 @@ def bench_stress(small: bool, runs: int | None, seed: int, processes: bool, out:
 @click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
 @click.option("--programs", type=click.IntRange(min=1), default=1000, show_default=True,
               help="speed: programs of 128 gangs simulated on 2,048 devices.")
+@click.option("--cpu", type=click.IntRange(min=-1), default=None,
+              help="The CPU that calibration and validation run the embedded system on (-1: all).  "
+                   "[default: the fastest]")
 @click.option("--out", default="bench-results", show_default=True, help="Folder for JSON and HTML.")
 def simulate_cmd(what: str | None, do_calibrate: bool, costs: str | None, small: bool, programs: int,
-                 out: str) -> None:
+                 cpu: int | None, out: str) -> None:
     """Paper scale on a virtual clock: Figure 6 (configurations A and B), Figure 8, Table 2, the
     validation against real runs, and the simulation's speed."""
     from .simulate.cli import run_simulate
@@ -269,7 +272,7 @@ def simulate_cmd(what: str | None, do_calibrate: bool, costs: str | None, small:
     if what is None and not do_calibrate:
         raise click.UsageError("name what to simulate (figure6, figure8, table2, validate, speed, all), "
                                "or --calibrate")
-    run_simulate(what, do_calibrate, costs, small, programs, out, click.echo)
+    run_simulate(what, do_calibrate, costs, small, programs, out, click.echo, cpu=cpu)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -162,3 +163,36 @@ def test_a_processor_runs_work_in_the_free_time_around_work_booked_ahead() -> No
     assert p.book(0.0, 1.0) == 4.5  # half in the gap 2.5-3, the rest after the span 3-4
     assert p.book(2.0, 0.0) == 4.5  # nothing to do, but not before the processor is free
     assert p.free_at == 4.5 and p.busy_s == 4.5
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="this platform cannot pin threads")
+def test_one_cpu_pins_every_thread_and_those_started_inside_then_lets_them_go() -> None:
+    """Calibration and validation measure the one-process system on one CPU, as the model has it."""
+    import threading
+
+    from pathdask.simulate.pinning import one_cpu
+
+    allowed = os.sched_getaffinity(0)
+    waiting = threading.Event()
+    before = threading.Thread(target=waiting.wait)  # a thread that exists already
+    before.start()
+    seen: list[set[int]] = []
+    try:
+        with one_cpu(echo=lambda _: None) as cpu:
+            assert cpu in allowed
+            inside = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))
+            inside.start()
+            inside.join()
+            assert seen == [{cpu}]
+            assert before.native_id is not None and os.sched_getaffinity(before.native_id) == {cpu}
+            assert os.sched_getaffinity(0) == {cpu}
+        assert os.sched_getaffinity(0) == allowed
+        assert os.sched_getaffinity(before.native_id) == allowed
+        with one_cpu(-1, echo=lambda _: None) as cpu:  # -1: leave the threads where they are
+            assert cpu is None and os.sched_getaffinity(0) == allowed
+        with pytest.raises(ValueError, match="not one this process may use"):
+            with one_cpu(max(allowed) + 1, echo=lambda _: None):
+                pass
+    finally:
+        waiting.set()
+        before.join()

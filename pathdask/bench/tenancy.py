@@ -104,16 +104,21 @@ def _shares(system: LocalSystem, cfg: Config, weights: tuple[float, ...], echo: 
         raise errors[0]
     timeline = clients[0].timeline(start)
     busy: dict[str, float] = {c.id: 0.0 for c in clients}
+    ops: dict[str, int] = {c.id: 0 for c in clients}
     for spans in timeline.values():
         for s, e, _pid, _gang, client in spans:
             if client in busy and s < end:
                 busy[client] += min(e, end) - s
+                ops[client] += int(s >= start)
     total = sum(busy.values()) or 1.0
     share = [busy[c.id] / total for c in clients]
     expected = [w / sum(weights) for w in weights]
     out = {
         "weights": list(weights),
         "share": share,
+        # of the gangs begun: each one's modelled time (all are alike), without the real
+        # spans' delays of one process's threads
+        "ops_share": [ops[c.id] / (sum(ops.values()) or 1) for c in clients],
         "expected": expected,
         "relative_error": [abs(s - x) / x for s, x in zip(share, expected)],
         "timeline": {d: [t for t in spans if t[0] < start + 0.2] for d, spans in timeline.items()},

@@ -3,29 +3,37 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from ..bench.report import save_plots, write_json
 from .model import CostModel
+from .pinning import one_cpu
 
 Echo = Callable[[str], Any]
 
 
 def run_simulate(what: str | None, calibrate: bool, costs_path: str | None, small: bool, programs: int, out: str,
-                 echo: Echo = print) -> dict[str, Any]:
+                 echo: Echo = print, cpu: int | None = None) -> dict[str, Any]:
+    """What ``pathdask simulate`` runs; ``cpu``: where calibration and validation measure
+    (:func:`~.pinning.one_cpu`)."""
     from . import figures
     from .calibrate import calibrate as do_calibrate
     from .validate import validate
 
     result: dict[str, Any] = {}
-    if calibrate:
-        costs = do_calibrate(costs_path, k=16 if small else 64, repeats=1 if small else 3, echo=echo)
-        result["calibration"] = costs.to_dict()
-    costs = CostModel.load(costs_path)
+    measuring = calibrate or what in ("validate", "all")
+    with one_cpu(cpu, echo) if measuring else nullcontext() as pinned:
+        if measuring:
+            result["cpu"] = pinned
+        if calibrate:
+            costs = do_calibrate(costs_path, k=16 if small else 64, repeats=1 if small else 3, echo=echo)
+            result["calibration"] = costs.to_dict()
+        costs = CostModel.load(costs_path)
+        if what in ("validate", "all"):
+            result["validate"] = validate(costs, small, echo)
     cluster = costs.cluster()
     plots: list[dict[str, Any]] = []
-    if what in ("validate", "all"):
-        result["validate"] = validate(costs, small, echo)
     if what in ("figure6", "all"):
         result["figure6"] = f6 = figures.figure6(cluster, small, echo)
         for name, v in f6.items():

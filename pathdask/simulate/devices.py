@@ -56,15 +56,28 @@ class DeviceEngine:
         self.recorded = 0
         self._records: list[tuple[Any, ...]] = []
         self.device_ops = 0
-        #: per client, busy device-seconds inside ``window`` (when set)
+        #: per client, busy device-seconds inside ``window`` (when set), and ops begun inside it
         self.window: tuple[float, float] | None = None
         self.client_busy: dict[str, float] = defaultdict(float)
+        self.client_ops: dict[str, int] = defaultdict(int)
 
-    def run(self, sched: Schedule, ready: np.ndarray, pid: str, client: str) -> np.ndarray:
+    def run(self, sched: Schedule, ready: np.ndarray, pid: str, client: str,
+            lead: np.ndarray | None = None) -> np.ndarray:
         """Run one program whose hosts have it at ``ready`` (per entry of ``sched.hosts``); returns,
-        per host, when its last device popped it."""
+        per host, when its last device popped it. ``lead``: per host, CPU the program costs its
+        host when it starts, beside its devices' work (its ops wait for it only as they wait for
+        any work on a busy processor)."""
         at = np.zeros(int(sched.hosts.max()) + 1)
         at[sched.hosts] = ready
+        if lead is not None:
+            if self.shared is not None:  # on the one processor, once the devices are free for it
+                t0 = max(float(self.modelled[sched.devices].max()), float(ready.min()))
+                self.shared.book(t0, float(lead.sum()))
+            else:  # on the devices' threads' own clocks
+                per_host = np.zeros_like(at)
+                per_host[sched.hosts] = lead
+                host_of = sched.devices // self.topology.devices_per_host
+                self.real[sched.devices] = np.maximum(self.real[sched.devices], at[host_of]) + per_host[host_of]
         arrivals: dict[tuple[int, int], float] = {}
         for step in sched.steps:
             r = at[step.hosts]
@@ -130,6 +143,7 @@ class DeviceEngine:
         if self.window is not None:
             t0, t1 = self.window
             self.client_busy[client] += float((np.clip(end, t0, t1) - np.clip(begin, t0, t1)).sum())
+            self.client_ops[client] += int(((begin >= t0) & (begin < t1)).sum())
         if self.recorded < self.trace_gangs:
             nbytes = sum(e.nbytes for e in step.exchanges)
             self._records.append((devs, begin, end, pid, step.name, client, nbytes, name))

@@ -23,6 +23,9 @@ its calls pays the comms' CPU once per batch, which the per-call costs above
 include. A call that travels alone (its client has no other call in flight, as a
 client that waits for each result) pays it for each of its own messages: the
 *lone-call* costs, charged to the scheduler's processor and to each of its hosts'.
+Likewise a pipelined call's program ending travels alone when it comes to an idle
+processor (gangs longer than the control plane's work per call): the *lone-done*
+costs.
 """
 
 from __future__ import annotations
@@ -68,9 +71,14 @@ class CostModel:
         CPU a call pays on top when it travels alone (its client has no other call in
         flight): the scheduler's, and each of its hosts' (their messages, and the fetch
         of its result, each a batch of their own).
+    lone_done_s, lone_done_host_s
+        CPU a pipelined call's program ending pays when its messages travel alone (its
+        hosts' and the scheduler's processor was idle when it ended): the scheduler's, and
+        each of its hosts' (their ``program-done`` messages and Dask's key reports).
     mc_call_s, mc_op_s
-        Multi-controller: a host's CPU to register one program with its own runtime,
-        and per op of it.
+        Multi-controller: a host's CPU per program it runs from its own loop, and per op
+        of it. Its loop registers each (as a dispatch does: ``host_dispatch_s`` and
+        ``host_op_s``); the rest comes once the program is registered.
     shared_cpu
         Every CPU cost above queues on one processor (one process with one GIL).
     source
@@ -90,6 +98,8 @@ class CostModel:
     result_s: float = 500e-6
     lone_call_s: float = 0.0
     lone_host_s: float = 0.0
+    lone_done_s: float = 0.0
+    lone_done_host_s: float = 0.0
     mc_call_s: float = 50e-6
     mc_op_s: float = 10e-6
     shared_cpu: bool = False

@@ -76,8 +76,10 @@ def tenant_program(topology: Topology, cost: float, gangs: int, mesh: Mesh | Non
 
 
 def shares(topology: Topology, costs: CostModel, weights: tuple[float, ...], cost: float, gangs: int,
-           inflight: int, seconds: float) -> tuple[list[float], SimResult]:
-    """Each client's share of device time under proportional share, as ``bench tenancy`` measures it."""
+           inflight: int, seconds: float, measure: str = "busy_s") -> tuple[list[float], SimResult]:
+    """Each client's share of device time under proportional share, as ``bench tenancy`` measures it:
+    of the devices' busy seconds (``measure="busy_s"``), or of the ops begun (``"ops"``: each
+    gang's modelled time, as its program's cost counts it)."""
     prog = tenant_program(topology, cost, gangs)
 
     def script(h: Tenant) -> Generator[Any, Any, None]:
@@ -92,7 +94,7 @@ def shares(topology: Topology, costs: CostModel, weights: tuple[float, ...], cos
 
     result = simulate(topology, [ClientScript(f"w{w:g}-{i}", script, w) for i, w in enumerate(weights)], costs,
                       policy="proportional", window=(0.0, seconds))
-    busy = [result.stats["clients"][t.id]["busy_s"] for t in result.tenants.values()]
+    busy = [result.stats["clients"][t.id][measure] for t in result.tenants.values()]
     total = sum(busy) or 1.0
     return [b / total for b in busy], result
 
