@@ -170,7 +170,7 @@ def test_one_cpu_pins_every_thread_and_those_started_inside_then_lets_them_go() 
     """Calibration and validation measure the one-process system on one CPU, as the model has it."""
     import threading
 
-    from pathdask.simulate.pinning import one_cpu
+    from pathdask.simulate.measure import one_cpu
 
     allowed = os.sched_getaffinity(0)
     waiting = threading.Event()

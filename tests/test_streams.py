@@ -70,3 +70,34 @@ def test_a_waiting_client_keeps_getting_results_with_releases_riding_along(syste
     gc.collect()
     stats = system.wait_idle(timeout="15s")  # raises unless every buffer was freed
     assert all(s["buffers"] == 0 for s in stats["devices"].values())
+
+
+def test_a_burst_of_calls_reaches_the_hosts_from_its_first_call_on(system, client):
+    """The scheduler sends a burst's first call to its hosts at once, and the rest in slices of
+    its work (``CALL_SLICE``), instead of all of them once the last is taken in; every call runs
+    once, in order."""
+    assert system.cluster is not None
+    sizes: list[int] = []
+    handlers = {}
+    for worker in system.cluster.workers.values():
+        handlers[worker] = inner = worker.stream_handlers["pathdask-dispatch"]
+
+        def counted(*args, _inner=inner, **kwargs):
+            sizes.append(len(kwargs["calls"]))
+            return _inner(*args, **kwargs)
+
+        worker.stream_handlers["pathdask-dispatch"] = counted
+    try:
+        mesh = client.mesh({"x": 2}, island=0)  # one host: one dispatch per slice
+        inc = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), name="inc")
+        y = client.put(np.zeros(2), mesh, P("x"))
+        y.result()
+        sizes.clear()
+        for _ in range(100):  # made faster than taken in: they travel as one message
+            y = inc(y)
+        np.testing.assert_array_equal(y.result(), np.full(2, 100.0))
+        assert sum(sizes) == 100
+        assert sizes[0] == 1 and len(sizes) > 1, sizes
+    finally:
+        for worker, inner in handlers.items():
+            worker.stream_handlers["pathdask-dispatch"] = inner

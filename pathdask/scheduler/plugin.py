@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
     from distributed import Scheduler
 
 logger = logging.getLogger("pathdask.scheduler")
+
+#: seconds of taking in calls of one message after which the calls taken in go to their hosts
+CALL_SLICE = 1e-3
 
 HANDLERS = (
     "pathdask_register_host",
@@ -339,23 +343,34 @@ class PathwaysScheduler(SchedulerPlugin):
         weight = self.clients.get(client, {}).get("weight", 1.0)
         self._send_orders(self.order.submit(sub, weight))
 
-    def call(self, client: str, calls: list[dict[str, Any]]) -> None:
+    async def call(self, client: str, calls: list[dict[str, Any]]) -> None:
         """Program calls on the client's stream (``client/calls.py``), in the order they were
         made (a call never takes a slot before the calls it reads).
 
         Each call's output keys are created in memory on their hosts, and the call is
-        slotted; each host is sent its calls of this message as one message, before any
-        later message (say, the release of an argument). A call that cannot be made fails
-        alone: the client's futures of its keys err, and the program is dropped on its
-        hosts, so that its results raise.
+        slotted; each host is sent its calls as one message per :data:`CALL_SLICE` of this
+        handler's work, the first call's at once, before any later message (say, the release
+        of an argument): Dask's stream awaits this handler before the client's next message.
+        So the devices start on a burst of calls while the rest are still taken in. A call
+        that cannot be made fails alone: the client's futures of its keys err, and the
+        program is dropped on its hosts, so that its results raise. Calls of a client that
+        left meanwhile are not made.
         """
         batch: dict[str, list[tuple[Any, ...]]] = defaultdict(list)  # per host, in call order
+        until = None
         for call in calls:
+            if until is not None and time.perf_counter() >= until:
+                self._forward(client, batch)
+                await asyncio.sleep(0)  # the dispatches go; the hosts and other streams get a turn
+                if client not in self.clients:
+                    return
+                until = time.perf_counter() + CALL_SLICE
             try:
                 self._call(client, call, batch)
             except Exception as e:  # noqa: BLE001 - answered to the client below
                 self._forward(client, batch)  # the calls before it reach their hosts before its drop
                 self._call_failed(client, call, e)
+            until = until if until is not None else time.perf_counter()  # the first call goes alone
         self._forward(client, batch)
 
     def _forward(self, client: str, batch: dict[str, list[tuple[Any, ...]]]) -> None:

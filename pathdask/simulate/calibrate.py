@@ -41,6 +41,7 @@ from ..bench.dispatch import Kernels
 from ..bench.multicontroller import run_multicontroller
 from ..bench.tenancy import _throughput
 from ..system import LocalSystem
+from .measure import settled
 from .model import CostModel
 from .schedule import body_seconds
 
@@ -147,11 +148,12 @@ def measure(k: int = 64, repeats: int = 3, echo: Echo = print) -> dict[str, Any]
             if len(mesh.hosts) != hosts:
                 raise RuntimeError(f"calibration needs a mesh of {size} devices on {hosts} host(s); got {mesh.hosts}")
             x = client.put(np.zeros(size), mesh, P("x"))
-            raw[str(hosts)] = {"devices": size, **_measure(client, kernels, alone, x, spans, repeats)}
+            raw[str(hosts)] = {"devices": size, **settled(_measure, client, kernels, alone, x, spans, repeats)}
             # the body's own NumPy, which the simulation times per kernel (``schedule.body_seconds``)
             raw[str(hosts)]["compute"] = body_seconds(kernels.step.body, mesh, [np.zeros(1)])
             # one GIL: clients that each wait for every result saturate it; a call takes 1/rate of it
-            raw[str(hosts)]["lone"] = 1.0 / _throughput(system, LONE_CLIENTS, 0.0, LONE_SECONDS, devices=size)
+            raw[str(hosts)]["lone"] = 1.0 / settled(_throughput, system, LONE_CLIENTS, 0.0, LONE_SECONDS,
+                                                     devices=size)
             echo(f"  {hosts} host(s): " + ", ".join(f"{n} {v * 1e3:.3f} ms" for n, v in raw[str(hosts)].items()
                                                   if n != "devices"))
         client.close()

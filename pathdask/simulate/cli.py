@@ -7,8 +7,8 @@ from contextlib import nullcontext
 from typing import Any
 
 from ..bench.report import save_plots, write_json
+from .measure import one_cpu
 from .model import CostModel
-from .pinning import one_cpu
 
 Echo = Callable[[str], Any]
 
@@ -16,7 +16,7 @@ Echo = Callable[[str], Any]
 def run_simulate(what: str | None, calibrate: bool, costs_path: str | None, small: bool, programs: int, out: str,
                  echo: Echo = print, cpu: int | None = None) -> dict[str, Any]:
     """What ``pathdask simulate`` runs; ``cpu``: where calibration and validation measure
-    (:func:`~.pinning.one_cpu`)."""
+    (:func:`~.measure.one_cpu`)."""
     from . import figures
     from .calibrate import calibrate as do_calibrate
     from .validate import validate

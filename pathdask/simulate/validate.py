@@ -6,7 +6,8 @@ pipeline); the simulation runs the same programs with the embedded cost model
 (:meth:`CostModel.embedded`: one shared processor, as in that one process).
 Each row gives both numbers and the relative error; the worst is reported.
 
-Calibration and validation run the real system on one CPU (:mod:`.pinning`).
+Calibration and validation run the real system on one CPU, each run from a settled
+heap (:mod:`.measure`).
 Each real figure is the median of :data:`REAL_RUNS` runs, and the row keeps their
 range: one process's threads make a run's rate vary (a one-gang call whose result
 is waited for varies by 15-20% from run to run), and the range says whether
@@ -29,6 +30,7 @@ from ..bench import tenancy as bench_tenancy
 from ..bench.dispatch import Kernels, _mc_run, _pathdask_run
 from ..bench.report import table
 from ..system import LocalSystem, default_topology
+from .measure import settled
 from .model import CostModel
 from .transformer import pipeline_seconds, spmd_seconds
 from .workloads import dispatch_programs, dispatch_rate, shares, throughput
@@ -70,7 +72,7 @@ def dispatch_rows(costs: CostModel, small: bool, echo: Echo) -> list[dict[str, A
                         ("pathdask", lambda s=shape, kn=kernels: _pathdask_run(kn, x, s, "parallel")),
                         ("multi-controller", lambda s=shape, kn=kernels: _mc_run(client, kn, x, s))):
                     run()  # warm-up: traces, plans, connections
-                    real = [k / run() for _ in range(_runs(small))]
+                    real = [k / settled(run) for _ in range(_runs(small))]
                     sim, _ = dispatch_rate(topology, costs, programs, shape, k, system_name)
                     _row(rows, f"dispatch {system_name} {shape} {cost * 1e3:g} ms", real, sim, echo)
         client.close()
@@ -83,14 +85,15 @@ def tenancy_rows(costs: CostModel, small: bool, echo: Echo) -> list[dict[str, An
     rows: list[dict[str, Any]] = []
     with LocalSystem(topology, processes=False, dashboard_address=None, policy="proportional") as system:
         for weights in cfg.weights:
-            real = [bench_tenancy._shares(system, cfg, weights, echo)["ops_share"][-1] for _ in range(_runs(small))]
+            real = [settled(bench_tenancy._shares, system, cfg, weights, echo)["ops_share"][-1]
+                    for _ in range(_runs(small))]
             sim, _ = shares(topology, costs, weights, cfg.gang_cost, cfg.gangs_per_program, cfg.inflight,
                             cfg.share_seconds, measure="ops")
             label = ":".join(f"{w:g}" for w in weights)
             _row(rows, f"tenancy share of the heaviest client's gangs, weights {label}", real, sim[-1], echo)
         for n in cfg.clients:
             cost = cfg.costs[0]
-            real_rate = [bench_tenancy._throughput(system, n, cost, cfg.throughput_seconds)
+            real_rate = [settled(bench_tenancy._throughput, system, n, cost, cfg.throughput_seconds)
                          for _ in range(_runs(small))]
             sim_rate, _ = throughput(topology, costs, n, cost, cfg.throughput_seconds)
             _row(rows, f"tenancy {n} client(s) waiting on results, {cost * 1e3:g} ms: calls/s", real_rate,
@@ -105,10 +108,10 @@ def pipeline_rows(costs: CostModel, small: bool, echo: Echo) -> list[dict[str, A
     rows: list[dict[str, Any]] = []
     with LocalSystem(topology, processes=False, dashboard_address=None) as system:
         client = system.client(name="validate")
-        real = [bench_pipeline.spmd(b, client) for _ in range(_runs(small))]
+        real = [settled(bench_pipeline.spmd, b, client) for _ in range(_runs(small))]
         _row(rows, f"pipeline bench SPMD on {cfg.devices} devices: s/step", real, spmd_seconds(b, topology, costs), echo)
         for s in cfg.stages:
-            real = [bench_pipeline.pipelined(b, client, s, 1)[0] for _ in range(_runs(small))]
+            real = [settled(bench_pipeline.pipelined, b, client, s, 1)[0] for _ in range(_runs(small))]
             _row(rows, f"pipeline bench S={s} M={4 * s}: s/step", real, pipeline_seconds(b, topology, costs, s), echo)
         client.close()
     return rows

@@ -1,4 +1,5 @@
-"""One CPU for the measurements of the embedded system (calibration and validation).
+"""How calibration and validation measure the real embedded system: on one CPU, each run
+from a settled heap.
 
 The embedded model (:meth:`~.model.CostModel.embedded`) is one processor: one
 process, one GIL. On a machine with several CPUs the real process is not quite
@@ -8,19 +9,38 @@ each shared with other guests in its own way). A run's rate then depends on
 where its threads happened to be. :func:`one_cpu` runs the measurements on one
 CPU, the fastest of those the process may use, so that the real system is
 the system the model describes and its numbers repeat from run to run.
+
+A process that has run many configurations holds more objects (Dask's bounded
+logs and caches fill up), and a full garbage collection of them pauses every
+thread for a tenth of a second or more, more often the longer it ran. The model
+has no such pauses, and a later row would pay for the earlier ones:
+:func:`settled` runs each measurement after a full collection, with what lived
+before it left out of the collections during it (``gc.freeze``).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["one_cpu"]
+__all__ = ["one_cpu", "settled"]
 
 Echo = Callable[[str], Any]
+T = TypeVar("T")
+
+
+def settled(run: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``run(*args, **kwargs)`` after a full collection, with the objects that lived before it frozen."""
+    gc.collect()
+    gc.freeze()
+    try:
+        return run(*args, **kwargs)
+    finally:
+        gc.unfreeze()
 
 
 def _probe() -> float:
