@@ -27,7 +27,7 @@ def run_simulate(what: str | None, calibrate: bool, costs_path: str | None, smal
         if measuring:
             result["cpu"] = pinned
         if calibrate:
-            costs = do_calibrate(costs_path, k=16 if small else 64, repeats=1 if small else 3, echo=echo)
+            costs = do_calibrate(costs_path, k=16 if small else 64, repeats=1 if small else 5, echo=echo)
             result["calibration"] = costs.to_dict()
         costs = CostModel.load(costs_path)
         if what in ("validate", "all"):

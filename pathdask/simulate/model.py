@@ -24,8 +24,8 @@ include. A call that travels alone (its client has no other call in flight, as a
 client that waits for each result) pays it for each of its own messages: the
 *lone-call* costs, charged to the scheduler's processor and to each of its hosts'.
 Likewise a pipelined call's program ending travels alone when it comes to an idle
-processor (gangs longer than the control plane's work per call): the *lone-done*
-costs.
+control plane (gangs longer than the control plane's work per call): the
+*lone-done* costs.
 """
 
 from __future__ import annotations
@@ -71,10 +71,15 @@ class CostModel:
         CPU a call pays on top when it travels alone (its client has no other call in
         flight): the scheduler's, and each of its hosts' (their messages, and the fetch
         of its result, each a batch of their own).
+    lone_wait_host_s
+        Time a call that travels alone waits per host of it beyond the CPU and messages above
+        (each host's threads handing its call and its ending to one another); its client
+        learns of its result that much later.
     lone_done_s, lone_done_host_s
         CPU a pipelined call's program ending pays when its messages travel alone (its
-        hosts' and the scheduler's processor was idle when it ended): the scheduler's, and
-        each of its hosts' (their ``program-done`` messages and Dask's key reports).
+        gangs outlast the control plane's work for a call, so that each ending comes to
+        an idle control plane): the scheduler's, and each of its hosts' (their
+        ``program-done`` messages and Dask's key reports).
     mc_call_s, mc_op_s
         Multi-controller: a host's CPU per program it runs from its own loop, and per op
         of it. Its loop registers each (as a dispatch does: ``host_dispatch_s`` and
@@ -98,6 +103,7 @@ class CostModel:
     result_s: float = 500e-6
     lone_call_s: float = 0.0
     lone_host_s: float = 0.0
+    lone_wait_host_s: float = 0.0
     lone_done_s: float = 0.0
     lone_done_host_s: float = 0.0
     mc_call_s: float = 50e-6

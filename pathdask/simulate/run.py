@@ -224,8 +224,7 @@ class Simulation:
         self.ids = itertools.count()
         self.order: deque[Call] = deque()  # slotted, not yet run, in slot order
         self._wake: float | None = None
-        #: when the scheduler has seen to the last program ending that travelled alone
-        self._endings_free = 0.0
+        self._alone: dict[int, tuple[Schedule, bool]] = {}  # id -> (schedule, ``_ends_alone``)
 
     def schedule(self, program: Program) -> Schedule:
         return compile_schedule(program, self.topology, self.overlap)
@@ -298,16 +297,35 @@ class Simulation:
             done = max(now, float(self.engine.run(call.schedule, ready, call.pid, call.client).max()))
             self.clock.at(done + self.costs.message_s, self._program_done, call)
 
+    def _ends_alone(self, sched: Schedule) -> bool:
+        """Whether a pipelined call of ``sched`` ends alone: its gangs outlast the control plane's
+        work for a call (on the one processor, or on the busiest one), so that each ending
+        comes to an idle control plane and its messages travel alone."""
+        known = self._alone.get(id(sched))
+        if known is None:
+            c, n = self.costs, sched.n_hosts
+            kernels = [st for st in sched.steps if st.kind == "kernel"]
+            own = [len(st.devs) * (c.device_op_s + st.compute + sum(c.exchange_s + ex.remote_hosts * c.exchange_host_s
+                                                                    for ex in st.exchanges)) for st in kernels]
+            parts = [c.client_call_s + c.client_host_s * n, c.scheduler_call_s + c.scheduler_host_s * n,
+                     n * c.host_dispatch_s + c.host_op_s * float(sched.ops_per_host.sum()), sum(own)]
+            cpu = sum(parts) if self.costs.shared_cpu else max(parts[0], parts[1], parts[2] / n,
+                                                               max(own, default=0.0) / max(len(sched.devices), 1))
+            known = self._alone[id(sched)] = (sched, sum(st.cost for st in kernels) >= cpu)
+        return known[1]
+
     def _program_done(self, call: Call) -> None:
         c, now = self.costs, self.clock.now
         slotted = []
         for addr in call.schedule.host_devices:
             slotted += self.islands.host_done(call.pid, addr)
         call.done_at = told = now
-        if not call.lone and now >= self._endings_free:  # the last ending was seen to: this one goes alone
+        if call.lone:
+            told += c.lone_wait_host_s * call.schedule.n_hosts
+        elif self._ends_alone(call.schedule):
             hosts = call.schedule.hosts
             sent = self.hosts.book(hosts, now, np.full(len(hosts), c.lone_done_host_s))
-            told = self._endings_free = self.scheduler_cpu.book(float(sent.max()), c.lone_done_s)
+            told = self.scheduler_cpu.book(float(sent.max()), c.lone_done_s)
         assert call.done is not None
         self.clock.at(told + c.message_s, call.done.succeed)
         self._slotted(slotted)
