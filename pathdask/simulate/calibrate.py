@@ -19,6 +19,8 @@ times, on meshes of 1, 2 and 4 hosts (each cost is a least-squares line over the
   the CPU of a call of zero cost: each program's ending comes to an idle process and
   travels alone; the process's CPU time per call beyond that of the calls of
   zero cost is the lone-done cost;
+- the same clients under proportional share, which slots a program when another
+  ends, so that its order goes to its hosts apart from its call: the late-order cost;
 - one call and its result, alone: what is left of it is the latency of its 4 messages
   and a wait per host;
 - the multi-controller loop: a host's cost to register a program itself.
@@ -154,15 +156,26 @@ def measure(k: int = 64, repeats: int = 5, echo: Echo = print) -> dict[str, Any]
             # the body's own NumPy, which the simulation times per kernel (``schedule.body_seconds``)
             raw[str(hosts)]["compute"] = body_seconds(kernels.step.body, mesh, [np.zeros(1)])
             # one GIL: clients that each wait for every result saturate it; a call takes 1/rate of it
-            raw[str(hosts)]["lone"] = statistics.median(
-                1.0 / settled(_throughput, system, LONE_CLIENTS, 0.0, LONE_SECONDS, devices=size)
-                for _ in range(repeats))
+            raw[str(hosts)]["lone"] = _lone(system, size, repeats)
             echo(f"  {hosts} host(s): " + ", ".join(f"{n} {v * 1e3:.3f} ms" for n, v in raw[str(hosts)].items()
                                                   if n != "devices"))
         client.close()
+    # the same under proportional share, which slots a program when another ends: its orders go apart
+    with LocalSystem(topology, processes=False, dashboard_address=None, policy="proportional") as system:
+        for hosts in HOSTS:
+            raw[str(hosts)]["lone_late"] = _lone(system, hosts * topology.devices_per_host, repeats)
+        echo("  proportional share: " + ", ".join(f"{h} host(s) {raw[str(h)]['lone_late'] * 1e3:.3f} ms"
+                                                  for h in HOSTS))
     raw["k"] = k
     raw["topology"] = topology.to_dict()
     return raw
+
+
+def _lone(system: LocalSystem, devices: int, repeats: int) -> float:
+    """Seconds per call of :data:`LONE_CLIENTS` clients that each wait for every result (the median
+    of ``repeats`` runs)."""
+    return statistics.median(1.0 / settled(_throughput, system, LONE_CLIENTS, 0.0, LONE_SECONDS, devices=devices)
+                             for _ in range(repeats))
 
 
 def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -215,6 +228,8 @@ def fit(raw: dict[str, Any]) -> CostModel:
     def lone(h: int) -> float:
         return lone_call + lone_host * h
 
+    # orders sent apart from their calls (a program slotted when another ended)
+    late_order, late_order_host = _line(hosts, [max(r[h].get("lone_late", 0.0) - r[h]["lone"], 0.0) for h in hosts])
     # program endings that travel alone: the CPU per call beyond that of calls of zero cost
     lone_done, lone_done_host = _line(hosts, [max(r[h]["alone_cpu"] - r[h]["opbyop_cpu"], 0.0) for h in hosts])
     # a lone call and its result: 4 messages, and a wait per host, beyond every CPU cost on the way
@@ -228,6 +243,7 @@ def fit(raw: dict[str, Any]) -> CostModel:
                      scheduler_host_s=sched_host, host_dispatch_s=host_dispatch, host_op_s=host_op,
                      device_op_s=device_op, exchange_s=exchange, exchange_host_s=exchange_host, message_s=message, result_s=result,
                      lone_call_s=lone_call, lone_host_s=lone_host, lone_wait_host_s=lone_wait_host, lone_done_s=lone_done,
+                     late_order_s=late_order, late_order_host_s=late_order_host,
                      lone_done_host_s=lone_done_host, mc_call_s=mc_call, mc_op_s=mc_op, shared_cpu=False, source=_source(raw))
 
 

@@ -80,6 +80,10 @@ class CostModel:
         gangs outlast the control plane's work for a call, so that each ending comes to
         an idle control plane): the scheduler's, and each of its hosts' (their
         ``program-done`` messages and Dask's key reports).
+    late_order_s, late_order_host_s
+        CPU of an order sent apart from its call, when a policy slots a program after its call
+        was taken in (proportional share slots one when another ends): the scheduler's, and
+        each of its hosts'.
     mc_call_s, mc_op_s
         Multi-controller: a host's CPU per program it runs from its own loop, and per op
         of it. Its loop registers each (as a dispatch does: ``host_dispatch_s`` and
@@ -106,6 +110,8 @@ class CostModel:
     lone_wait_host_s: float = 0.0
     lone_done_s: float = 0.0
     lone_done_host_s: float = 0.0
+    late_order_s: float = 0.0
+    late_order_host_s: float = 0.0
     mc_call_s: float = 50e-6
     mc_op_s: float = 10e-6
     shared_cpu: bool = False

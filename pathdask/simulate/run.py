@@ -270,10 +270,18 @@ class Simulation:
         sub = Submission(call.pid, call.client, sched.host_devices, sched.cost, call.deps)
         self._slotted(self.islands.submit(sub, weight))
 
-    def _slotted(self, slotted: list[tuple[int, Submission]]) -> None:
+    def _slotted(self, slotted: list[tuple[int, Submission]], late: bool = False) -> None:
+        """``slotted`` programs get their slots; ``late``: after their calls were taken in, so
+        their orders go to their hosts apart from their calls."""
+        c, now = self.costs, self.clock.now
         for slot, sub in slotted:
             call = self.calls[sub.pid]
-            call.slot, call.order_at = slot, self.clock.now + self.costs.message_s
+            order_at = now + c.message_s  # the order goes with the call's dispatch
+            if late:  # sent, then taken in by each host
+                hosts = call.schedule.hosts
+                order_at = float(self.hosts.book(hosts, self.scheduler_cpu.book(now, c.late_order_s) + c.message_s,
+                                                 np.full(len(hosts), c.late_order_host_s)).max())
+            call.slot, call.order_at = slot, order_at
             self.order.append(call)
         self._advance()
 
@@ -328,7 +336,7 @@ class Simulation:
             told = self.scheduler_cpu.book(float(sent.max()), c.lone_done_s)
         assert call.done is not None
         self.clock.at(told + c.message_s, call.done.succeed)
-        self._slotted(slotted)
+        self._slotted(slotted, late=True)
 
 
 def simulate(topology: Topology, clients: Iterable[ClientScript], costs: CostModel | None = None,
