@@ -94,6 +94,58 @@ def test_calls_that_travel_alone_pay_the_lone_costs_and_pipelined_calls_do_not()
     assert [c.lone for c in batched.calls] == [True, False, False]
 
 
+def test_pipelined_calls_whose_gangs_outlast_their_control_work_pay_for_endings_that_go_alone() -> None:
+    """Each ending of a pipelined call whose gang outlasts the control plane's work for a call
+    comes to an idle scheduler and costs it the lone-done CPU; endings of zero-cost gangs come
+    together and do not."""
+    from dataclasses import replace
+
+    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
+    mesh = abstract_mesh(topo, {"x": 1})
+    def run(cost: float, lone_done: float) -> float:
+        g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=cost, name="g")
+        prog = traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
+
+        def pipelined(h: Any) -> Any:
+            for _ in range(3):
+                call = yield from h.call(prog)
+            yield from h.result(call)
+            h.mark("end")
+
+        costs = replace(FREE, client_call_s=1e-4, lone_done_s=lone_done)
+        return simulate(topo, [ClientScript("a", pipelined)], costs).by_name("a").marks["end"]
+
+    # gangs at 0.1-1.1, 1.1-2.1 and 2.1-3.1 ms (and the body's measured NumPy); the last ending
+    # is seen to 0.2 ms later
+    assert run(1e-3, 2e-4) - run(1e-3, 0.0) == pytest.approx(2e-4, abs=2e-5)
+    assert run(1e-3, 0.0) == pytest.approx(3.1e-3, abs=2e-5)
+    assert run(0.0, 2e-4) - run(0.0, 0.0) == pytest.approx(0.0, abs=2e-5)
+    assert run(0.0, 2e-4) == pytest.approx(3e-4, abs=2e-5)  # the client's CPU, nothing more
+
+
+def test_a_program_slotted_when_another_ends_waits_for_its_order() -> None:
+    """Proportional share keeps a third program queued while two hold the device; it is slotted
+    when the first ends, and its order then costs the late-order CPU before it may run."""
+    from dataclasses import replace
+
+    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
+    mesh = abstract_mesh(topo, {"x": 1})
+    g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=1e-3, name="g")
+    prog = traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
+
+    def once(h: Any) -> Any:
+        yield from h.result((yield from h.call(prog)))
+        h.mark("end")
+
+    def ends(costs: CostModel) -> list[float]:
+        result = simulate(topo, [ClientScript(n, once) for n in "abc"], costs, policy="proportional")
+        return sorted(t.marks["end"] for t in result.tenants.values())
+
+    assert ends(FREE) == pytest.approx([1e-3, 2e-3, 3e-3])
+    # slotted at 1 ms, ordered at 1 + 2 = 3 ms, run from 3 to 4 ms
+    assert ends(replace(FREE, late_order_host_s=2e-3)) == pytest.approx([1e-3, 2e-3, 4e-3])
+
+
 def test_gpipe_efficiency_is_m_over_m_plus_s_minus_1() -> None:
     stages, micro = 4, 8
     topo = pw.Topology(islands=1, hosts_per_island=stages, devices_per_host=1)

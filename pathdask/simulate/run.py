@@ -319,7 +319,7 @@ class Simulation:
                      n * c.host_dispatch_s + c.host_op_s * float(sched.ops_per_host.sum()), sum(own)]
             cpu = sum(parts) if self.costs.shared_cpu else max(parts[0], parts[1], parts[2] / n,
                                                                max(own, default=0.0) / max(len(sched.devices), 1))
-            known = self._alone[id(sched)] = (sched, sum(st.cost for st in kernels) >= cpu)
+            known = self._alone[id(sched)] = (sched, sum(st.cost for st in kernels) > cpu)
         return known[1]
 
     def _program_done(self, call: Call) -> None:
