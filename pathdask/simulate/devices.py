@@ -35,7 +35,13 @@ from .clock import Processor
 from .model import CostModel
 from .schedule import Schedule, Step
 
-__all__ = ["DeviceEngine"]
+__all__ = ["DeviceEngine", "own_seconds"]
+
+
+def own_seconds(step: Step, costs: CostModel) -> float:
+    """A device thread's own time for one kernel: its op, its body's compute and its collectives."""
+    return costs.device_op_s + step.compute + sum(costs.exchange_s + ex.remote_hosts * costs.exchange_host_s
+                                                  for ex in step.exchanges)
 
 
 class DeviceEngine:
@@ -96,8 +102,7 @@ class DeviceEngine:
     def _kernel(self, step: Step, ready: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         devs, c = step.devs, self.costs
         begin = np.maximum(self.modelled[devs], ready)
-        own_s = c.device_op_s + step.compute + sum(c.exchange_s + ex.remote_hosts * c.exchange_host_s
-                                                   for ex in step.exchanges)
+        own_s = own_seconds(step, c)
         if self.shared is not None:  # every thread's own time, one after another, on the one processor
             own = self.shared.book(float(begin.min()), len(devs) * own_s)
             end = np.maximum(begin + step.cost, own)

@@ -11,8 +11,11 @@ from the :class:`~.model.CostModel`:
 3. when the policy slots it, each host gets an order message; a host has the
    program once it has both (``ready``);
 4. its devices run it in slot order (:class:`~.devices.DeviceEngine`); each host
-   that finished tells the scheduler, whose ``host_done`` may slot more; the
-   client learns of the result a message later.
+   that finished tells the scheduler, whose ``host_done`` may slot more (those
+   programs' orders then go apart: the late-order CPU); the client learns of the
+   result a message later. An ending that travels alone costs the hosts and the
+   scheduler the lone-done CPU first; a call that travelled alone waits the lone
+   wait per host.
 
 The multi-controller baseline (:meth:`Tenant.mc`) is what
 ``bench/multicontroller.py`` runs: each host registers the same programs with its
@@ -42,7 +45,7 @@ from ..dashboard.trace import to_dataset, transfers_dataset
 from ..scheduler.order import IslandScheduler, Submission
 from ..topology import Topology
 from .clock import Clock, Hosts, Processor
-from .devices import DeviceEngine
+from .devices import DeviceEngine, own_seconds
 from .model import CostModel
 from .schedule import Schedule, compile_schedule
 
@@ -313,8 +316,7 @@ class Simulation:
         if known is None:
             c, n = self.costs, sched.n_hosts
             kernels = [st for st in sched.steps if st.kind == "kernel"]
-            own = [len(st.devs) * (c.device_op_s + st.compute + sum(c.exchange_s + ex.remote_hosts * c.exchange_host_s
-                                                                    for ex in st.exchanges)) for st in kernels]
+            own = [len(st.devs) * own_seconds(st, c) for st in kernels]
             parts = [c.client_call_s + c.client_host_s * n, c.scheduler_call_s + c.scheduler_host_s * n,
                      n * c.host_dispatch_s + c.host_op_s * float(sched.ops_per_host.sum()), sum(own)]
             cpu = sum(parts) if self.costs.shared_cpu else max(parts[0], parts[1], parts[2] / n,
