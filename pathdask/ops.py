@@ -177,6 +177,12 @@ class GangSpec:
     #: equal along them, and devices check it (``pathdask.check-replication``); empty: no check
     replicated: tuple[tuple[str, ...], ...] = ()
 
+    @cached_property
+    def hosts(self) -> tuple[str, ...]:
+        """The addresses of its members' hosts, sorted: a tuple of str, which the garbage
+        collector does not track in the records that keep it."""
+        return tuple(sorted({m.address for m in self.members}))
+
 
 @dataclass(frozen=True)
 class HostPlan:

@@ -520,15 +520,14 @@ class HostRuntime(WorkerPlugin):
 
     def close_gang(self, pid: str, gang: GangSpec, device: int, collectives: int) -> None:
         """``device``'s body of ``gang`` returned after ``collectives`` collectives (device thread)."""
-        hosts = tuple(sorted({m.address for m in gang.members}))  # a tuple of str: not tracked by the GC
-        mismatch = self.mailbox.close_gang(pid, gang.index, device, collectives, gang.name, hosts)
+        mismatch = self.mailbox.close_gang(pid, gang.index, device, collectives, gang.name, gang.hosts)
         if mismatch is not None:
             raise mismatch.error()
 
     # -- failures and cancellation ----------------------------------------------
     def abort_gang(self, prog: HostProgram, gang: GangSpec, cause: BaseException) -> None:
         """A member of ``gang`` failed: wake every member, here and on other hosts."""
-        self.abort(prog.pid, gang.index, {m.address for m in gang.members}, cause)
+        self.abort(prog.pid, gang.index, gang.hosts, cause)
 
     def abort(self, pid: str, gang: int, hosts: Iterable[str], cause: BaseException) -> None:
         self.mailbox.abort_gang(pid, gang, cause)
