@@ -320,7 +320,7 @@ class Simulation:
             parts = [c.client_call_s + c.client_host_s * n, c.scheduler_call_s + c.scheduler_host_s * n,
                      n * c.host_dispatch_s + c.host_op_s * float(sched.ops_per_host.sum()), sum(own)]
             cpu = sum(parts) if self.costs.shared_cpu else max(parts[0], parts[1], parts[2] / n,
-                                                               max(own, default=0.0) / max(len(sched.devices), 1))
+                                                               sum(own) / max(len(sched.devices), 1))
             known = self._alone[id(sched)] = (sched, sum(st.cost for st in kernels) > cpu)
         return known[1]
 
