@@ -102,7 +102,7 @@ def test_pipelined_calls_whose_gangs_outlast_their_control_work_pay_for_endings_
 
     topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
     mesh = abstract_mesh(topo, {"x": 1})
-    def run(cost: float, lone_done: float) -> float:
+    def run(cost: float, lone_done: float, share: tuple[tuple[float, float], ...] = ()) -> float:
         g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=cost, name="g")
         prog = traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
 
@@ -112,7 +112,7 @@ def test_pipelined_calls_whose_gangs_outlast_their_control_work_pay_for_endings_
             yield from h.result(call)
             h.mark("end")
 
-        costs = replace(FREE, client_call_s=1e-4, lone_done_s=lone_done)
+        costs = replace(FREE, client_call_s=1e-4, lone_done_s=lone_done, lone_done_share=share)
         return simulate(topo, [ClientScript("a", pipelined)], costs).by_name("a").marks["end"]
 
     # gangs at 0.1-1.1, 1.1-2.1 and 2.1-3.1 ms (and the body's measured NumPy); the last ending
@@ -121,6 +121,19 @@ def test_pipelined_calls_whose_gangs_outlast_their_control_work_pay_for_endings_
     assert run(1e-3, 0.0) == pytest.approx(3.1e-3, abs=2e-5)
     assert run(0.0, 2e-4) - run(0.0, 0.0) == pytest.approx(0.0, abs=2e-5)
     assert run(0.0, 2e-4) == pytest.approx(3e-4, abs=2e-5)  # the client's CPU, nothing more
+    # gangs 10 times the control work (0.1 ms of client CPU), where half the endings go alone
+    assert run(1e-3, 2e-4, ((20.0, 1.0),)) - run(1e-3, 0.0) == pytest.approx(1e-4, abs=2e-5)
+
+
+def test_the_share_of_endings_that_go_alone_grows_with_how_much_gangs_outlast_the_control_work() -> None:
+    costs = CostModel(lone_done_share=[[1.0, 0.2], [2.0, 1.0]])  # as JSON gives it
+    assert costs.lone_done_share == ((1.0, 0.2), (2.0, 1.0))
+    assert [costs.lone_done_at(s) for s in (0.0, 0.5, 1.0, 1.5, 2.0, 5.0)] == pytest.approx(
+        [0.0, 0.1, 0.2, 0.6, 1.0, 1.0])
+    assert [CostModel().lone_done_at(s) for s in (0.5, 1.0, 1.01)] == [0.0, 0.0, 1.0]  # none: all or nothing at 1
+    for bad in (((2.0, 0.5), (1.0, 1.0)), ((1.0, 1.5),), ((0.0, 0.5),)):
+        with pytest.raises(ValueError, match="lone_done_share"):
+            CostModel(lone_done_share=bad)
 
 
 def test_a_program_slotted_when_another_ends_waits_for_its_order() -> None:
@@ -217,6 +230,19 @@ def test_a_processor_runs_work_in_the_free_time_around_work_booked_ahead() -> No
     assert p.free_at == 4.5 and p.busy_s == 4.5
 
 
+def test_work_booked_late_runs_after_what_held_the_processor_meanwhile() -> None:
+    """Once the clock passed a span, work ready before its end (booked late: a program's devices
+    on a host that had it before its other hosts) runs after it, not in the past over it."""
+    from pathdask.simulate.clock import Processor
+
+    now = [0.0]
+    p = Processor("one", lambda: now[0])
+    assert p.book(0.0, 1.0) == 1.0  # another host's dispatch, 0-1
+    now[0] = 1.5  # the program starts once every host has it
+    assert p.book(0.2, 0.3) == pytest.approx(1.3)  # ready at 0.2, but the processor was busy until 1
+    assert p.book(1.4, 0.1) == pytest.approx(1.5)
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="this platform cannot pin threads")
 def test_one_cpu_pins_every_thread_and_those_started_inside_then_lets_them_go() -> None:
     """Calibration and validation measure the one-process system on one CPU, as the model has it."""
@@ -248,3 +274,64 @@ def test_one_cpu_pins_every_thread_and_those_started_inside_then_lets_them_go() 
     finally:
         waiting.set()
         before.join()
+
+
+def test_costs_at_another_speed_scale_every_cost_by_the_speed_ratio() -> None:
+    """The model's costs are seconds of the calibration's CPU; on a CPU half as fast each is doubled."""
+    from dataclasses import fields
+
+    costs = CostModel(reference_s=1e-3, shared_cpu=True)
+    slow = costs.at_speed(2e-3)
+    assert slow.reference_s == 2e-3 and slow.shared_cpu
+    for f in fields(CostModel):
+        if f.name.endswith("_s") and f.name != "reference_s":
+            assert getattr(slow, f.name) == pytest.approx(2 * getattr(costs, f.name)), f.name
+    assert CostModel().at_speed(2e-3) == CostModel()  # a calibration with no speed on record stays as it is
+    assert costs.at_speed(0.0) == costs
+
+
+def test_the_speed_meter_times_its_work_in_its_own_thread_while_a_measurement_runs() -> None:
+    import threading
+    import time
+
+    from pathdask.simulate.measure import SpeedMeter
+
+    with SpeedMeter() as meter:
+        def until_sampled(n: int) -> str:
+            deadline = time.monotonic() + 30
+            while len(meter.samples) < n and time.monotonic() < deadline:
+                threading.Event().wait(meter.period)
+            return "done"
+
+        result, speed = meter.during(until_sampled, 3)
+        assert result == "done" and len(meter.samples) >= 3
+        assert speed > 0 and min(meter.samples) <= speed <= max(meter.samples)
+        assert meter.since(meter.mark()) > 0  # no sample yet: one is taken
+        # a run made while the CPU ran far from the speed asked for is made again, up to ``tries`` runs
+        runs: list[int] = []
+        result, _ = meter.during(lambda: runs.append(1) or len(runs), near=speed * 1e-6)
+        assert len(runs) == meter.tries == meter.redone + 1 and result in range(1, meter.tries + 1)
+        meter.during(lambda: runs.append(1), near=0.0)  # any speed: once
+        assert len(runs) == meter.tries + 1
+    assert not meter._thread.is_alive()
+
+
+def test_small_validation_runs_the_model_at_each_real_runs_speed() -> None:
+    """``validate(small=True)`` on real runs: each row keeps the CPU's speed during its runs and
+    simulates at it; the device-bound rows (10 ms gangs) land near the real system."""
+    from dataclasses import replace
+
+    from pathdask.simulate.validate import validate
+
+    costs = replace(CostModel.load(), reference_s=1e-3)
+    out = validate(costs, small=True, echo=lambda _: None)
+    rows = {r["configuration"]: r for r in out["rows"]}
+    assert out["reference_s"] > 0 and len(rows) == 18
+    for r in rows.values():
+        assert len(r["reference_s"]) == len(r["real_runs"]) == 1 and r["reference_s"][0] > 0
+    opbyop = rows["dispatch pathdask OpByOp 1 ms"]
+    speed = opbyop["reference_s"][0]
+    # a CPU-bound row: at another speed than the calibration's, its simulated figure moves the other way
+    assert (opbyop["simulated"] - opbyop["simulated_at_calibration"]) * (speed - 1e-3) < 0
+    for name in ("dispatch pathdask Chained 10 ms", "dispatch multi-controller Chained 10 ms"):
+        assert rows[name]["relative_error"] < 0.3, rows[name]

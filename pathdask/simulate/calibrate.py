@@ -15,15 +15,22 @@ times, on meshes of 1, 2 and 4 hosts (each cost is a least-squares line over the
   process: they all queue on one GIL);
 - several clients that each wait for every result, so that each call's messages
   travel alone: what a call costs beyond its share above is the lone-call cost;
-- ``k`` one-gang calls back to back again, with gangs :data:`ALONE_STRETCH` times
-  the CPU of a call of zero cost: each program's ending comes to an idle process and
-  travels alone; the process's CPU time per call beyond that of the calls of
-  zero cost is the lone-done cost;
+- ``k`` one-gang calls back to back again, with gangs :data:`ALONE_STRETCHES` times
+  the CPU of a call of zero cost: the longer the gangs, the more of the programs'
+  endings come to an idle process and travel alone. The process's CPU time per
+  call beyond that of the calls of zero cost is, at the longest gangs, the
+  lone-done cost, and at each shorter one the share of it that the calls pay
+  (``lone_done_share``);
 - the same clients under proportional share, which slots a program when another
   ends, so that its order goes to its hosts apart from its call: the late-order cost;
 - one call and its result, alone: what is left of it is the latency of its 4 messages
   and a wait per host;
 - the multi-controller loop: a host's cost to register a program itself.
+
+A :class:`~.measure.SpeedMeter` runs throughout: a repeat made while the CPU ran
+more than 15% away from its median speed so far is made again (up to three
+times), and each repeat is scaled to the CPU's median speed over the whole
+calibration (its ``reference_s``).
 
 Everything is fitted for the embedded system (``shared_cpu``); the same numbers
 on separate processors are the cluster model (:meth:`CostModel.cluster`).
@@ -44,7 +51,7 @@ from ..bench.dispatch import Kernels
 from ..bench.multicontroller import run_multicontroller
 from ..bench.tenancy import _throughput
 from ..system import LocalSystem
-from .measure import settled
+from .measure import SpeedMeter
 from .model import CostModel
 from .schedule import body_seconds
 
@@ -81,48 +88,62 @@ def _opbyop_cpu(kernels: Kernels, x: Any) -> float:
     return (time.process_time() - c0) / kernels.k
 
 
-def _measure(client: Any, kernels: Kernels, x: Any, spans: list[float], repeats: int) -> dict[str, float]:
+def _repeat(client: Any, kernels: Kernels, alone: dict[float, Kernels], x: Any,
+            spans: list[float]) -> dict[str, list[float]]:
+    """One repeat of every timing."""
     k = kernels.k
-    out: dict[str, list[float]] = {"call": [], "opbyop": [], "chained": [], "dispatch1": [], "dispatchk": [],
-                                   "single": [], "result": [], "mc": [], "fused": [], "opbyop_cpu": [],
-                                   "alone_cpu": []}
+    out: dict[str, list[float]] = {"single": [], "result": []}
+    spans.clear()
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    y = x
+    for _ in range(k):
+        y = kernels.step(y)
+    t1 = time.perf_counter()
+    y.result()
+    t2 = time.perf_counter()
+    out["call"] = [(t1 - t0) / k]
+    out["opbyop"] = [(t2 - t0) / k]
+    out["opbyop_cpu"] = [(time.process_time() - c0) / k]
+    out["dispatch1"] = [statistics.median(spans)]
+    for stretch, longer in alone.items():
+        out[f"alone_cpu@{stretch:g}"] = [_opbyop_cpu(longer, x)]
+    spans.clear()
+    t0 = time.perf_counter()
+    kernels.chained(x).result()
+    out["chained"] = [(time.perf_counter() - t0) / k]
+    out["dispatchk"] = [statistics.median(spans)]
+    t0 = time.perf_counter()
+    kernels.fused(x).result()
+    out["fused"] = [(time.perf_counter() - t0) / k]
+    for _ in range(5):
+        t0 = time.perf_counter()
+        y = kernels.step(x)
+        y.result()
+        t1 = time.perf_counter()
+        y.result()
+        out["single"].append(t1 - t0)
+        out["result"].append(time.perf_counter() - t1)
+    out["mc"] = [run_multicontroller(client, kernels.op, x, k) / k]
+    return out
+
+
+def _measure(client: Any, kernels: Kernels, x: Any, spans: list[float], repeats: int,
+             meter: SpeedMeter) -> dict[str, float]:
+    """The medians over ``repeats`` of each timing, each in seconds per reference second of the
+    meter (its CPU seconds for a fixed piece of work) during its repeat."""
+    out: dict[str, list[float]] = {}
     kernels.chained(x).result()
     kernels.fused(x).result()
     kernels.step(x).result()
-    alone = Kernels(ALONE_STRETCH * _opbyop_cpu(kernels, x), k)
-    alone.step(x).result()
+    cpu = _opbyop_cpu(kernels, x)
+    alone = {stretch: Kernels(stretch * cpu, kernels.k) for stretch in ALONE_STRETCHES}
+    for longer in alone.values():
+        longer.step(x).result()
     for _ in range(repeats):
-        spans.clear()
-        c0 = time.process_time()
-        t0 = time.perf_counter()
-        y = x
-        for _ in range(k):
-            y = kernels.step(y)
-        t1 = time.perf_counter()
-        y.result()
-        t2 = time.perf_counter()
-        out["call"].append((t1 - t0) / k)
-        out["opbyop"].append((t2 - t0) / k)
-        out["opbyop_cpu"].append((time.process_time() - c0) / k)
-        out["dispatch1"].append(statistics.median(spans))
-        out["alone_cpu"].append(_opbyop_cpu(alone, x))
-        spans.clear()
-        t0 = time.perf_counter()
-        kernels.chained(x).result()
-        out["chained"].append((time.perf_counter() - t0) / k)
-        out["dispatchk"].append(statistics.median(spans))
-        t0 = time.perf_counter()
-        kernels.fused(x).result()
-        out["fused"].append((time.perf_counter() - t0) / k)
-        for _ in range(5):
-            t0 = time.perf_counter()
-            y = kernels.step(x)
-            y.result()
-            t1 = time.perf_counter()
-            y.result()
-            out["single"].append(t1 - t0)
-            out["result"].append(time.perf_counter() - t1)
-        out["mc"].append(run_multicontroller(client, kernels.op, x, k) / k)
+        one, speed = meter.during(_repeat, client, kernels, alone, x, spans, near=meter.median())
+        for name, v in one.items():
+            out.setdefault(name, []).extend(t / speed for t in v)
     return {name: statistics.median(v) for name, v in out.items()}  # typical, as validation's real figures
 
 
@@ -131,9 +152,9 @@ TOPOLOGY = {"islands": 1, "hosts_per_island": 4, "devices_per_host": 2}
 HOSTS = (1, 2, 4)
 #: clients, and seconds, of the measurement of calls that travel alone
 LONE_CLIENTS, LONE_SECONDS = 4, 1.0
-#: gangs whose programs' endings each travel alone are this many times a call's CPU at zero
-#: cost: just longer than it, as the gangs of the calls that validation sees end alone
-ALONE_STRETCH = 1.5
+#: gangs this many times a call's CPU at zero cost: from as long as it (few endings travel
+#: alone) to twice as long (every one does)
+ALONE_STRETCHES = (1.0, 1.25, 1.5, 2.0)
 
 
 def measure(k: int = 64, repeats: int = 5, echo: Echo = print) -> dict[str, Any]:
@@ -142,6 +163,21 @@ def measure(k: int = 64, repeats: int = 5, echo: Echo = print) -> dict[str, Any]
 
     topology = Topology.from_dict(TOPOLOGY)
     raw: dict[str, Any] = {}
+    with SpeedMeter() as meter:
+        _measure_all(topology, raw, k, repeats, meter, echo)
+        reference = meter.median()
+    echo(f"  the speed meter's work took {reference * 1e3:.3f} ms of CPU (median); {meter.redone} measurement(s) "
+         f"made again, the CPU having run more than {meter.tolerance:.0%} away from that")
+    raw["redone"] = meter.redone
+    for hosts in HOSTS:  # from seconds per reference second to seconds at the median speed
+        raw[str(hosts)].update({n: v * reference for n, v in raw[str(hosts)].items() if n not in ("devices", "compute")})
+    raw["reference_s"] = reference
+    raw["k"] = k
+    raw["topology"] = topology.to_dict()
+    return raw
+
+
+def _measure_all(topology: Any, raw: dict[str, Any], k: int, repeats: int, meter: SpeedMeter, echo: Echo) -> None:
     with LocalSystem(topology, processes=False, dashboard_address=None) as system:
         spans = _timed_dispatch(system)
         client = system.client(name="calibrate")
@@ -152,30 +188,28 @@ def measure(k: int = 64, repeats: int = 5, echo: Echo = print) -> dict[str, Any]
             if len(mesh.hosts) != hosts:
                 raise RuntimeError(f"calibration needs a mesh of {size} devices on {hosts} host(s); got {mesh.hosts}")
             x = client.put(np.zeros(size), mesh, P("x"))
-            raw[str(hosts)] = {"devices": size, **settled(_measure, client, kernels, x, spans, repeats)}
+            raw[str(hosts)] = {"devices": size, **_measure(client, kernels, x, spans, repeats, meter)}
             # the body's own NumPy, which the simulation times per kernel (``schedule.body_seconds``)
             raw[str(hosts)]["compute"] = body_seconds(kernels.step.body, mesh, [np.zeros(1)])
             # one GIL: clients that each wait for every result saturate it; a call takes 1/rate of it
-            raw[str(hosts)]["lone"] = _lone(system, size, repeats)
-            echo(f"  {hosts} host(s): " + ", ".join(f"{n} {v * 1e3:.3f} ms" for n, v in raw[str(hosts)].items()
-                                                  if n != "devices"))
+            raw[str(hosts)]["lone"] = _lone(system, size, repeats, meter)
+            echo(f"  {hosts} host(s), in reference seconds: " + ", ".join(
+                f"{n} {v:.3f}" for n, v in raw[str(hosts)].items() if n not in ("devices", "compute")))
         client.close()
     # the same under proportional share, which slots a program when another ends: its orders go apart
     with LocalSystem(topology, processes=False, dashboard_address=None, policy="proportional") as system:
         for hosts in HOSTS:
-            raw[str(hosts)]["lone_late"] = _lone(system, hosts * topology.devices_per_host, repeats)
-        echo("  proportional share: " + ", ".join(f"{h} host(s) {raw[str(h)]['lone_late'] * 1e3:.3f} ms"
-                                                  for h in HOSTS))
-    raw["k"] = k
-    raw["topology"] = topology.to_dict()
-    return raw
+            raw[str(hosts)]["lone_late"] = _lone(system, hosts * topology.devices_per_host, repeats, meter)
+        echo("  proportional share, in reference seconds: " + ", ".join(
+            f"{h} host(s) {raw[str(h)]['lone_late']:.3f}" for h in HOSTS))
 
 
-def _lone(system: LocalSystem, devices: int, repeats: int) -> float:
-    """Seconds per call of :data:`LONE_CLIENTS` clients that each wait for every result (the median
-    of ``repeats`` runs)."""
-    return statistics.median(1.0 / settled(_throughput, system, LONE_CLIENTS, 0.0, LONE_SECONDS, devices=devices)
-                             for _ in range(repeats))
+def _lone(system: LocalSystem, devices: int, repeats: int, meter: SpeedMeter) -> float:
+    """Time per call of :data:`LONE_CLIENTS` clients that each wait for every result, in
+    reference seconds of the meter during each run (the median of ``repeats`` runs)."""
+    runs = [meter.during(_throughput, system, LONE_CLIENTS, 0.0, LONE_SECONDS, devices=devices, near=meter.median())
+            for _ in range(repeats)]
+    return statistics.median(1.0 / rate / speed for rate, speed in runs)
 
 
 def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -230,8 +264,17 @@ def fit(raw: dict[str, Any]) -> CostModel:
 
     # orders sent apart from their calls (a program slotted when another ended)
     late_order, late_order_host = _line(hosts, [max(r[h].get("lone_late", 0.0) - r[h]["lone"], 0.0) for h in hosts])
-    # program endings that travel alone: the CPU per call beyond that of calls of zero cost
-    lone_done, lone_done_host = _line(hosts, [max(r[h]["alone_cpu"] - r[h]["opbyop_cpu"], 0.0) for h in hosts])
+    # program endings that travel alone: the CPU per call beyond that of calls of zero cost, all of
+    # it with the longest gangs, and a share of it with shorter ones
+    def extra(h: int, stretch: float) -> float:
+        return max(r[h][f"alone_cpu@{stretch:g}"] - r[h]["opbyop_cpu"], 0.0)
+
+    longest = ALONE_STRETCHES[-1]
+    lone_done, lone_done_host = _line(hosts, [extra(h, longest) for h in hosts])
+    measured = [min(statistics.median(extra(h, stretch) / extra(h, longest) if extra(h, longest) else 1.0
+                                      for h in hosts), 1.0) for stretch in ALONE_STRETCHES[:-1]]
+    # longer gangs never leave fewer endings alone: each share at least the one before it
+    share = tuple(zip(ALONE_STRETCHES, np.maximum.accumulate([*measured, 1.0]).tolist()))
     # a lone call and its result: 4 messages, and a wait per host, beyond every CPU cost on the way
     latency, lone_wait_host = _line(hosts, [max(r[h]["single"] - cpu(h) - lone(h), 0.0) for h in hosts])
     message = latency / 4
@@ -244,7 +287,8 @@ def fit(raw: dict[str, Any]) -> CostModel:
                      device_op_s=device_op, exchange_s=exchange, exchange_host_s=exchange_host, message_s=message, result_s=result,
                      lone_call_s=lone_call, lone_host_s=lone_host, lone_wait_host_s=lone_wait_host, lone_done_s=lone_done,
                      late_order_s=late_order, late_order_host_s=late_order_host,
-                     lone_done_host_s=lone_done_host, mc_call_s=mc_call, mc_op_s=mc_op, shared_cpu=False, source=_source(raw))
+                     lone_done_host_s=lone_done_host, lone_done_share=share, mc_call_s=mc_call, mc_op_s=mc_op,
+                     reference_s=raw.get("reference_s", 0.0), shared_cpu=False, source=_source(raw))
 
 
 def _source(raw: dict[str, Any]) -> dict[str, Any]:

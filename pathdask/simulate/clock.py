@@ -50,13 +50,17 @@ class Processor:
     Work is not always booked in time order: a device thread's gangs are booked when
     its program starts, ahead of their time. Work ready earlier than such a booking
     runs in the free time before it and around it, as a thread that holds no GIL
-    lets the others run. ``now`` (the clock's time) lets it forget what has passed.
+    lets the others run. ``now`` (the clock's time) lets it forget what has passed:
+    the time up to the end of the last span forgotten counts as busy, so that work
+    booked late (ready before now, as a program's devices whose other hosts had it
+    later) runs after what held the processor meanwhile, not in the past over it.
     """
 
     def __init__(self, name: str = "", now: Callable[[], float] | None = None) -> None:
         self.name = name
         self.now = now
         self.busy_s = 0.0
+        self._horizon = 0.0  # the end of the last span forgotten
         #: disjoint busy spans in time order (only those not passed yet)
         self._starts: list[float] = []
         self._ends: list[float] = []
@@ -72,7 +76,10 @@ class Processor:
         starts, ends = self._starts, self._ends
         if self.now is not None and ends:  # forget the spans that have passed
             passed = bisect.bisect_right(ends, self.now())
-            del starts[:passed], ends[:passed]
+            if passed:
+                self._horizon = max(self._horizon, ends[passed - 1])
+                del starts[:passed], ends[:passed]
+        ready = max(ready, self._horizon)
         if not ends or ready >= ends[-1]:  # in time order: after everything booked
             if ends and ready == ends[-1]:
                 ends[-1] = ready + seconds

@@ -16,18 +16,39 @@ thread for a tenth of a second or more, more often the longer it ran. The model
 has no such pauses, and a later row would pay for the earlier ones:
 :func:`settled` runs each measurement after a full collection, with what lived
 before it left out of the collections during it (``gc.freeze``).
+
+One CPU of a virtual machine does not keep one speed either: here it switched,
+from one second to the next, between two speeds 1.5-1.8 times apart (another
+guest on its core, as far as one can tell from inside), and a one-gang call's
+CPU went from 2.2 to 4.2 ms with the same context switches per call. The
+model's costs are seconds of the CPU as it ran during calibration.
+:class:`SpeedMeter` times a fixed piece of control-plane work in a thread of its
+own, every :data:`SpeedMeter.period` seconds, while the real system runs.
+Calibration keeps its costs at the speed it measured on average; a measurement
+made while the CPU ran more than 15% away from it is made again (up to three
+times). Validation makes its runs again in the same way when the CPU runs away
+from the calibration's speed, and runs the model at the speed of each real run
+it keeps (:meth:`.model.CostModel.at_speed`). Scaling by the meter's speed is not
+exact (its work is not the system's: with many client threads a slower CPU
+costs the system more than it costs the meter), hence the runs made again.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import pickle
+import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-__all__ = ["one_cpu", "settled"]
+import numpy as np
+from distributed.protocol import dumps, loads
+
+__all__ = ["SpeedMeter", "one_cpu", "settled"]
 
 Echo = Callable[[str], Any]
 T = TypeVar("T")
@@ -43,13 +64,94 @@ def settled(run: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         gc.unfreeze()
 
 
-def _probe() -> float:
-    """Seconds of a fixed piece of interpreter work (dict updates, as the control plane does)."""
-    t = time.perf_counter()
+#: what the meter packs and unpacks: a message of the size of a call's dispatch
+_MESSAGE = {"op": "pathdask-dispatch", "program": "p-1",
+            "gangs": [{"gang": i, "devices": list(range(8)), "key": f"x-{i}"} for i in range(8)]}
+_ARRAY = np.zeros(1 << 17)
+
+
+def _reference() -> None:
+    """The meter's fixed work, about 0.5 ms: what the control plane does most (dict updates,
+    messages packed as Dask packs them, and pickled, a little NumPy)."""
     d: dict[int, int] = {}
-    for i in range(20000):
-        d[i % 1000] = d.get(i % 1000, 0) + i
-    return time.perf_counter() - t
+    for i in range(2000):
+        d[i % 500] = d.get(i % 500, 0) + i
+    for _ in range(20):
+        loads(dumps(_MESSAGE))
+        pickle.loads(pickle.dumps(_MESSAGE))
+    _ARRAY.sum()
+
+
+def _reference_seconds() -> float:
+    """CPU seconds of this thread for one :func:`_reference` (time it waited for a CPU or the GIL not counted)."""
+    t = time.thread_time_ns()
+    _reference()
+    return (time.thread_time_ns() - t) / 1e9
+
+
+class SpeedMeter:
+    """The CPU's speed while the real system runs: the CPU seconds of :func:`_reference`,
+    timed every :attr:`period` seconds in a thread of its own (a context manager).
+
+    It takes about 2% of the CPU, in calibration and validation alike.
+    :meth:`during` runs a measurement and gives the median of the samples taken
+    meanwhile, and makes it again while the CPU runs at another speed than the one
+    asked for; :meth:`median` is that of every sample so far.
+    """
+
+    #: seconds between samples
+    period = 0.025
+    #: how far (relative) from the speed asked for a run may be, and how many runs to try
+    tolerance, tries = 0.15, 3
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self.redone = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="pathdask-speed-meter", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            self.samples.append(_reference_seconds())
+
+    def __enter__(self) -> SpeedMeter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def mark(self) -> int:
+        """Where the samples from now on start (for :meth:`since`)."""
+        return len(self.samples)
+
+    def since(self, mark: int) -> float:
+        """The median reference seconds of the samples since ``mark`` (one taken now if none was)."""
+        return statistics.median(self.samples[mark:] or [_reference_seconds()])
+
+    def during(self, run: Callable[..., T], *args: Any, near: float = 0.0, **kwargs: Any) -> tuple[T, float]:
+        """``settled(run, *args, **kwargs)``, and the median reference seconds while it ran.
+
+        ``near``: the speed wanted (reference seconds; 0: any). A run made while the CPU ran
+        more than :attr:`tolerance` away from it is made again, up to :attr:`tries` runs in
+        all, and the closest is kept; :attr:`redone` counts the runs made again.
+        """
+        best: tuple[T, float] | None = None
+        for attempt in range(self.tries if near > 0 else 1):
+            self.redone += attempt > 0
+            mark = self.mark()
+            result = settled(run, *args, **kwargs)
+            speed = self.since(mark)
+            if best is None or abs(speed - near) < abs(best[1] - near):
+                best = (result, speed)
+            if near <= 0 or abs(speed / near - 1) <= self.tolerance:
+                break
+        assert best is not None
+        return best
+
+    def median(self) -> float:
+        return statistics.median(self.samples or [_reference_seconds()])
 
 
 def _threads() -> list[int]:
@@ -65,13 +167,13 @@ def _set(tids: list[int], cpus: set[int]) -> None:
 
 
 def fastest(cpus: set[int], tries: int = 5) -> int:
-    """The CPU among ``cpus`` on which :func:`_probe` runs fastest (best of ``tries``)."""
+    """The CPU among ``cpus`` on which the speed meter's work runs fastest (best of ``tries``)."""
     mine = os.sched_getaffinity(0)
     speed = {}
     try:
         for cpu in sorted(cpus):
             os.sched_setaffinity(0, {cpu})
-            speed[cpu] = min(_probe() for _ in range(tries))
+            speed[cpu] = min(_reference_seconds() for _ in range(tries))
     finally:
         os.sched_setaffinity(0, mine)
     return min(speed, key=lambda c: speed[c])

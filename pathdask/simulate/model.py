@@ -25,7 +25,8 @@ client that waits for each result) pays it for each of its own messages: the
 *lone-call* costs, charged to the scheduler's processor and to each of its hosts'.
 Likewise a pipelined call's program ending travels alone when it comes to an idle
 control plane (gangs longer than the control plane's work per call): the
-*lone-done* costs.
+*lone-done* costs, of which a call pays a share that grows with how much its
+gangs outlast that work (``lone_done_share``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
+
+import numpy as np
 
 __all__ = ["DEFAULT", "CostModel"]
 
@@ -80,6 +83,11 @@ class CostModel:
         gangs outlast the control plane's work for a call, so that each ending comes to
         an idle control plane): the scheduler's, and each of its hosts' (their
         ``program-done`` messages and Dask's key reports).
+    lone_done_share
+        The share of the lone-done costs a pipelined call pays, by how many times its gangs
+        outlast the control plane's work for a call (the stretch): ``(stretch, share)`` points,
+        in order, linear in between and from none at 0, and the last share beyond the last
+        point. Empty (the default): all of them beyond a stretch of 1, none below.
     late_order_s, late_order_host_s
         CPU of an order sent apart from its call, when a policy slots a program after its call
         was taken in (proportional share slots one when another ends): the scheduler's, and
@@ -88,6 +96,10 @@ class CostModel:
         Multi-controller: a host's CPU per program it runs from its own loop, and per op
         of it. Its loop registers each (as a dispatch does: ``host_dispatch_s`` and
         ``host_op_s``); the rest comes once the program is registered.
+    reference_s
+        The CPU's speed during calibration: the seconds it took for the speed meter's fixed
+        work (:class:`~.measure.SpeedMeter`; 0 where unknown). Every cost above is seconds
+        of that CPU; :meth:`at_speed` gives them on a CPU of another speed.
     shared_cpu
         Every CPU cost above queues on one processor (one process with one GIL).
     source
@@ -110,10 +122,12 @@ class CostModel:
     lone_wait_host_s: float = 0.0
     lone_done_s: float = 0.0
     lone_done_host_s: float = 0.0
+    lone_done_share: tuple[tuple[float, float], ...] = ()
     late_order_s: float = 0.0
     late_order_host_s: float = 0.0
     mc_call_s: float = 50e-6
     mc_op_s: float = 10e-6
+    reference_s: float = 0.0
     shared_cpu: bool = False
     source: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -122,6 +136,19 @@ class CostModel:
             v = getattr(self, f.name)
             if f.name.endswith("_s") and not (isinstance(v, (int, float)) and v >= 0):
                 raise ValueError(f"CostModel.{f.name} must be seconds >= 0, got {v!r}")
+        points = tuple((float(s), float(f)) for s, f in self.lone_done_share)  # JSON gives lists
+        if any(not (s > 0 and 0 <= f <= 1) for s, f in points) or any(b[0] <= a[0] for a, b in zip(points, points[1:])):
+            raise ValueError(f"CostModel.lone_done_share must be (stretch, share) points with rising stretches "
+                             f"and shares in [0, 1], got {self.lone_done_share!r}")
+        object.__setattr__(self, "lone_done_share", points)
+
+    def lone_done_at(self, stretch: float) -> float:
+        """The share of the lone-done costs a pipelined call pays whose gangs are ``stretch``
+        times the control plane's work for a call (:attr:`lone_done_share`)."""
+        if not self.lone_done_share:
+            return 1.0 if stretch > 1.0 else 0.0
+        xs, ys = zip(*self.lone_done_share)
+        return float(np.interp(stretch, (0.0, *xs), (0.0, *ys)))
 
     # -- files ----------------------------------------------------------------------
     @classmethod
@@ -156,6 +183,16 @@ class CostModel:
     def cluster(self) -> CostModel:
         """As on a cluster: the client, the scheduler and every host on processors of their own."""
         return replace(self, shared_cpu=False)
+
+    def at_speed(self, reference_s: float) -> CostModel:
+        """The costs on a CPU that does the speed meter's work in ``reference_s`` seconds: each
+        scaled by ``reference_s / self.reference_s`` (unchanged where either is unknown, 0)."""
+        if not (self.reference_s > 0 and reference_s > 0):
+            return self
+        scale = reference_s / self.reference_s
+        return replace(self, reference_s=reference_s, **{
+            f.name: getattr(self, f.name) * scale for f in fields(self)
+            if f.name.endswith("_s") and f.name != "reference_s"})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -227,7 +227,7 @@ class Simulation:
         self.ids = itertools.count()
         self.order: deque[Call] = deque()  # slotted, not yet run, in slot order
         self._wake: float | None = None
-        self._alone: dict[int, tuple[Schedule, bool]] = {}  # id -> (schedule, ``_ends_alone``)
+        self._alone: dict[int, tuple[Schedule, float]] = {}  # id -> (schedule, ``_ends_alone``)
 
     def schedule(self, program: Program) -> Schedule:
         return compile_schedule(program, self.topology, self.overlap)
@@ -308,10 +308,11 @@ class Simulation:
             done = max(now, float(self.engine.run(call.schedule, ready, call.pid, call.client).max()))
             self.clock.at(done + self.costs.message_s, self._program_done, call)
 
-    def _ends_alone(self, sched: Schedule) -> bool:
-        """Whether a pipelined call of ``sched`` ends alone: its gangs outlast the control plane's
-        work for a call (on the one processor, or on the busiest one), so that each ending
-        comes to an idle control plane and its messages travel alone."""
+    def _ends_alone(self, sched: Schedule) -> float:
+        """The share of the lone-done costs a pipelined call of ``sched`` pays: the more its gangs
+        outlast the control plane's work for a call (on the one processor, or on the busiest
+        one), the more of its endings come to an idle control plane and travel alone
+        (:meth:`CostModel.lone_done_at`)."""
         known = self._alone.get(id(sched))
         if known is None:
             c, n = self.costs, sched.n_hosts
@@ -321,7 +322,8 @@ class Simulation:
                      n * c.host_dispatch_s + c.host_op_s * float(sched.ops_per_host.sum()), sum(own)]
             cpu = sum(parts) if self.costs.shared_cpu else max(parts[0], parts[1], parts[2] / n,
                                                                sum(own) / max(len(sched.devices), 1))
-            known = self._alone[id(sched)] = (sched, sum(st.cost for st in kernels) > cpu)
+            stretch = sum(st.cost for st in kernels) / cpu if cpu > 0 else np.inf
+            known = self._alone[id(sched)] = (sched, c.lone_done_at(stretch))
         return known[1]
 
     def _program_done(self, call: Call) -> None:
@@ -332,10 +334,10 @@ class Simulation:
         call.done_at = told = now
         if call.lone:
             told += c.lone_wait_host_s * call.schedule.n_hosts
-        elif self._ends_alone(call.schedule):
+        elif share := self._ends_alone(call.schedule):
             hosts = call.schedule.hosts
-            sent = self.hosts.book(hosts, now, np.full(len(hosts), c.lone_done_host_s))
-            told = self.scheduler_cpu.book(float(sent.max()), c.lone_done_s)
+            sent = self.hosts.book(hosts, now, np.full(len(hosts), share * c.lone_done_host_s))
+            told = self.scheduler_cpu.book(float(sent.max()), share * c.lone_done_s)
         assert call.done is not None
         self.clock.at(told + c.message_s, call.done.succeed)
         self._slotted(slotted, late=True)

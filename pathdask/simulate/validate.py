@@ -12,6 +12,14 @@ Each real figure is the median of :data:`REAL_RUNS` runs, and the row keeps thei
 range: one process's threads make a run's rate vary (a one-gang call whose result
 is waited for varies by 15-20% from run to run), and the range says whether
 the simulation's figure is one the real system gives.
+
+A :class:`~.measure.SpeedMeter` measures the CPU's speed during each real run;
+a run made while the CPU ran more than 15% away from the calibration's speed is
+made again (up to three times, keeping the closest), and the simulation of each
+run kept takes the calibration's costs at its speed
+(:meth:`~.model.CostModel.at_speed`): the simulated figure is the median of
+those. Each row also gives the simulation at the calibration's own speed, and
+its error, as the model would predict with no meter.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from ..bench import tenancy as bench_tenancy
 from ..bench.dispatch import Kernels, _mc_run, _pathdask_run
 from ..bench.report import table
 from ..system import LocalSystem, default_topology
-from .measure import settled
+from .measure import SpeedMeter
 from .model import CostModel
 from .transformer import pipeline_seconds, spmd_seconds
 from .workloads import dispatch_programs, dispatch_rate, shares, throughput
@@ -45,16 +53,34 @@ def _runs(small: bool) -> int:
     return 1 if small else REAL_RUNS
 
 
-def _row(rows: list[dict[str, Any]], name: str, runs: list[float], sim: float, echo: Echo) -> None:
+def _error(sim: float, real: float) -> float:
+    return abs(sim - real) / real if real else math.inf
+
+
+def _costs(costs: CostModel, measured: list[tuple[float, float]]) -> list[CostModel]:
+    """What to simulate a row with: the calibration's costs, then those at each real run's speed."""
+    return [costs] + [costs.at_speed(speed) for _, speed in measured]
+
+
+def _row(rows: list[dict[str, Any]], name: str, measured: list[tuple[float, float]], simulated: list[float],
+         echo: Echo) -> None:
+    """One row: ``measured`` holds each real run's figure and the meter's reference seconds
+    during it; ``simulated`` the simulation's figures with :func:`_costs`."""
+    runs = [r for r, _ in measured]
+    speeds = [s for _, s in measured]
     real = float(np.median(runs))
-    err = abs(sim - real) / real if real else math.inf
+    at_calibration, *at_speed = simulated
+    sim = float(np.median(at_speed))
+    err = _error(sim, real)
     within = min(runs) <= sim <= max(runs)
-    rows.append({"configuration": name, "real": real, "real_runs": runs, "simulated": sim,
-                 "relative_error": err, "within_real_range": within})
-    echo(f"  {name}: real {real:,.4g} ({min(runs):,.4g}-{max(runs):,.4g}), simulated {sim:,.4g} ({err:.1%})")
+    rows.append({"configuration": name, "real": real, "real_runs": runs, "reference_s": speeds, "simulated": sim,
+                 "relative_error": err, "within_real_range": within, "simulated_at_calibration": at_calibration,
+                 "relative_error_at_calibration": _error(at_calibration, real)})
+    echo(f"  {name}: real {real:,.4g} ({min(runs):,.4g}-{max(runs):,.4g}), simulated {sim:,.4g} ({err:.1%}); "
+         f"at the calibration's speed {at_calibration:,.4g} ({_error(at_calibration, real):.1%})")
 
 
-def dispatch_rows(costs: CostModel, small: bool, echo: Echo) -> list[dict[str, Any]]:
+def dispatch_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) -> list[dict[str, Any]]:
     topology = default_topology()
     rows: list[dict[str, Any]] = []
     k = 16 if small else 64
@@ -72,47 +98,51 @@ def dispatch_rows(costs: CostModel, small: bool, echo: Echo) -> list[dict[str, A
                         ("pathdask", lambda s=shape, kn=kernels: _pathdask_run(kn, x, s, "parallel")),
                         ("multi-controller", lambda s=shape, kn=kernels: _mc_run(client, kn, x, s))):
                     run()  # warm-up: traces, plans, connections
-                    real = [k / settled(run) for _ in range(_runs(small))]
-                    sim, _ = dispatch_rate(topology, costs, programs, shape, k, system_name)
-                    _row(rows, f"dispatch {system_name} {shape} {cost * 1e3:g} ms", real, sim, echo)
+                    real = [(k / t, speed) for t, speed in (meter.during(run, near=costs.reference_s) for _ in range(_runs(small)))]
+                    _row(rows, f"dispatch {system_name} {shape} {cost * 1e3:g} ms", real,
+                         [dispatch_rate(topology, c, programs, shape, k, system_name)[0] for c in _costs(costs, real)],
+                         echo)
         client.close()
     return rows
 
 
-def tenancy_rows(costs: CostModel, small: bool, echo: Echo) -> list[dict[str, Any]]:
+def tenancy_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) -> list[dict[str, Any]]:
     topology = default_topology()
     cfg = bench_tenancy.Config.small() if small else bench_tenancy.Config()
     rows: list[dict[str, Any]] = []
     with LocalSystem(topology, processes=False, dashboard_address=None, policy="proportional") as system:
         for weights in cfg.weights:
-            real = [settled(bench_tenancy._shares, system, cfg, weights, echo)["ops_share"][-1]
-                    for _ in range(_runs(small))]
-            sim, _ = shares(topology, costs, weights, cfg.gang_cost, cfg.gangs_per_program, cfg.inflight,
-                            cfg.share_seconds, measure="ops")
+            real = [(r["ops_share"][-1], speed) for r, speed in (
+                meter.during(bench_tenancy._shares, system, cfg, weights, echo, near=costs.reference_s) for _ in range(_runs(small)))]
             label = ":".join(f"{w:g}" for w in weights)
-            _row(rows, f"tenancy share of the heaviest client's gangs, weights {label}", real, sim[-1], echo)
+            _row(rows, f"tenancy share of the heaviest client's gangs, weights {label}", real,
+                 [shares(topology, c, weights, cfg.gang_cost, cfg.gangs_per_program, cfg.inflight, cfg.share_seconds,
+                         measure="ops")[0][-1] for c in _costs(costs, real)], echo)
         for n in cfg.clients:
             cost = cfg.costs[0]
-            real_rate = [settled(bench_tenancy._throughput, system, n, cost, cfg.throughput_seconds)
-                         for _ in range(_runs(small))]
-            sim_rate, _ = throughput(topology, costs, n, cost, cfg.throughput_seconds)
-            _row(rows, f"tenancy {n} client(s) waiting on results, {cost * 1e3:g} ms: calls/s", real_rate,
-                 sim_rate, echo)
+            real = [meter.during(bench_tenancy._throughput, system, n, cost, cfg.throughput_seconds,
+                                 near=costs.reference_s)
+                    for _ in range(_runs(small))]
+            _row(rows, f"tenancy {n} client(s) waiting on results, {cost * 1e3:g} ms: calls/s", real,
+                 [throughput(topology, c, n, cost, cfg.throughput_seconds)[0] for c in _costs(costs, real)], echo)
     return rows
 
 
-def pipeline_rows(costs: CostModel, small: bool, echo: Echo) -> list[dict[str, Any]]:
+def pipeline_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) -> list[dict[str, Any]]:
     cfg = replace(bench_pipeline.Config.small(), steps=3)
     b = bench_pipeline.Bench(cfg)
     topology = bench_pipeline._topology(cfg, 1)
     rows: list[dict[str, Any]] = []
     with LocalSystem(topology, processes=False, dashboard_address=None) as system:
         client = system.client(name="validate")
-        real = [settled(bench_pipeline.spmd, b, client) for _ in range(_runs(small))]
-        _row(rows, f"pipeline bench SPMD on {cfg.devices} devices: s/step", real, spmd_seconds(b, topology, costs), echo)
+        real = [meter.during(bench_pipeline.spmd, b, client, near=costs.reference_s) for _ in range(_runs(small))]
+        _row(rows, f"pipeline bench SPMD on {cfg.devices} devices: s/step", real,
+             [spmd_seconds(b, topology, c) for c in _costs(costs, real)], echo)
         for s in cfg.stages:
-            real = [settled(bench_pipeline.pipelined, b, client, s, 1)[0] for _ in range(_runs(small))]
-            _row(rows, f"pipeline bench S={s} M={4 * s}: s/step", real, pipeline_seconds(b, topology, costs, s), echo)
+            real = [(t[0], speed) for t, speed in (meter.during(bench_pipeline.pipelined, b, client, s, 1, near=costs.reference_s)
+                                                   for _ in range(_runs(small)))]
+            _row(rows, f"pipeline bench S={s} M={4 * s}: s/step", real,
+                 [pipeline_seconds(b, topology, c, s) for c in _costs(costs, real)], echo)
         client.close()
     return rows
 
@@ -122,15 +152,26 @@ def validate(costs: CostModel | None = None, small: bool = False, echo: Echo = p
     costs = (costs or CostModel.load()).embedded()
     start = time.perf_counter()
     echo("pathdask simulate validate: real embedded runs beside the simulation of the same")
-    rows = dispatch_rows(costs, small, echo) + tenancy_rows(costs, small, echo) + pipeline_rows(costs, small, echo)
-    echo(table(["configuration", "real (median)", "real range", "simulated", "relative error", "in range"],
+    with SpeedMeter() as meter:
+        rows = (dispatch_rows(costs, small, meter, echo) + tenancy_rows(costs, small, meter, echo)
+                + pipeline_rows(costs, small, meter, echo))
+        speed, redone = meter.median(), meter.redone
+    echo(table(["configuration", "real (median)", "real range", "simulated", "relative error", "in range",
+                "at calibration speed"],
                [[r["configuration"], r["real"], f"{min(r['real_runs']):,.4g}-{max(r['real_runs']):,.4g}",
-                 r["simulated"], f"{r['relative_error']:.1%}", "yes" if r["within_real_range"] else "no"]
-                for r in rows]))
+                 r["simulated"], f"{r['relative_error']:.1%}", "yes" if r["within_real_range"] else "no",
+                 f"{r['relative_error_at_calibration']:.1%}"] for r in rows]))
+    if costs.reference_s:
+        echo(f"the CPU did the speed meter's work in {speed * 1e3:.3f} ms (median) during validation, "
+             f"and in {costs.reference_s * 1e3:.3f} ms during calibration; {redone} run(s) made again, "
+             f"the CPU having run more than {meter.tolerance:.0%} away from the calibration's speed")
     worst = max(rows, key=lambda r: r["relative_error"])
     over = [r for r in rows if r["relative_error"] > 0.1]
     echo(f"worst: {worst['configuration']}, {worst['relative_error']:.1%}; {len(rows) - len(over)} of {len(rows)} "
          f"rows within 10%" + (f", and {sum(r['within_real_range'] for r in over)} of the other {len(over)} "
                                f"inside the real runs' range" if over else ""))
+    worst_at_calibration = max(r["relative_error_at_calibration"] for r in rows)
+    echo(f"at the calibration's speed: worst {worst_at_calibration:.1%}, "
+         f"{sum(r['relative_error_at_calibration'] <= 0.1 for r in rows)} of {len(rows)} rows within 10%")
     return {"rows": rows, "worst": worst, "over_10_percent": len(over), "seconds": time.perf_counter() - start,
-            "costs": costs.to_dict()}
+            "reference_s": speed, "redone": redone, "worst_at_calibration": worst_at_calibration, "costs": costs.to_dict()}
