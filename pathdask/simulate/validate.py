@@ -46,7 +46,7 @@ from .workloads import dispatch_programs, dispatch_rate, shares, throughput
 Echo = Callable[[str], Any]
 
 #: real runs per row (one with ``small``)
-REAL_RUNS = 5
+REAL_RUNS = 7
 
 
 def _runs(small: bool) -> int:
