@@ -316,13 +316,15 @@ def test_the_speed_meter_times_its_work_in_its_own_thread_while_a_measurement_ru
     assert not meter._thread.is_alive()
 
 
-def test_small_validation_runs_the_model_at_each_real_runs_speed() -> None:
+def test_small_validation_runs_the_model_at_each_real_runs_speed(monkeypatch: pytest.MonkeyPatch) -> None:
     """``validate(small=True)`` on real runs: each row keeps the CPU's speed during its runs and
     simulates at it; the device-bound rows (10 ms gangs) land near the real system."""
     from dataclasses import replace
 
+    from pathdask.simulate.measure import SpeedMeter
     from pathdask.simulate.validate import validate
 
+    monkeypatch.setattr(SpeedMeter, "tries", 1)  # a calibration speed made up: no run made again
     costs = replace(CostModel.load(), reference_s=1e-3)
     out = validate(costs, small=True, echo=lambda _: None)
     rows = {r["configuration"]: r for r in out["rows"]}
