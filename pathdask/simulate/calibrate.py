@@ -150,6 +150,9 @@ def _measure(client: Any, kernels: Kernels, x: Any, spans: list[float], repeats:
 #: the calibration's topology: one island of four hosts, so that meshes span 1, 2 and 4 hosts
 TOPOLOGY = {"islands": 1, "hosts_per_island": 4, "devices_per_host": 2}
 HOSTS = (1, 2, 4)
+#: raw entries that are not timings in reference seconds: the mesh's size, and the body's
+#: NumPy (timed as the simulation times it, in seconds)
+NOT_TIMED = ("devices", "compute")
 #: clients, and seconds, of the measurement of calls that travel alone
 LONE_CLIENTS, LONE_SECONDS = 4, 1.0
 #: gangs this many times a call's CPU at zero cost: from half as long (the control plane is
@@ -170,7 +173,7 @@ def measure(k: int = 64, repeats: int = 5, echo: Echo = print) -> dict[str, Any]
          f"made again, the CPU having run more than {meter.tolerance:.0%} away from that")
     raw["redone"] = meter.redone
     for hosts in HOSTS:  # from seconds per reference second to seconds at the median speed
-        raw[str(hosts)].update({n: v * reference for n, v in raw[str(hosts)].items() if n not in ("devices", "compute")})
+        raw[str(hosts)].update({n: v * reference for n, v in raw[str(hosts)].items() if n not in NOT_TIMED})
     raw["reference_s"] = reference
     raw["k"] = k
     raw["topology"] = topology.to_dict()
@@ -194,7 +197,7 @@ def _measure_all(topology: Any, raw: dict[str, Any], k: int, repeats: int, meter
             # one GIL: clients that each wait for every result saturate it; a call takes 1/rate of it
             raw[str(hosts)]["lone"] = _lone(system, size, repeats, meter)
             echo(f"  {hosts} host(s), in reference seconds: " + ", ".join(
-                f"{n} {v:.3f}" for n, v in raw[str(hosts)].items() if n not in ("devices", "compute")))
+                f"{n} {v:.3f}" for n, v in raw[str(hosts)].items() if n not in NOT_TIMED))
         client.close()
     # the same under proportional share, which slots a program when another ends: its orders go apart
     with LocalSystem(topology, processes=False, dashboard_address=None, policy="proportional") as system:

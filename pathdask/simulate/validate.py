@@ -57,6 +57,14 @@ def _error(sim: float, real: float) -> float:
     return abs(sim - real) / real if real else math.inf
 
 
+def _real(meter: SpeedMeter, costs: CostModel, small: bool, run: Callable[..., Any], *args: Any,
+          figure: Callable[[Any], float] = float) -> list[tuple[float, float]]:
+    """Each real run's ``figure(run(*args))`` and the meter's reference seconds during it, runs
+    made again while the CPU ran away from the calibration's speed (:meth:`SpeedMeter.during`)."""
+    return [(figure(out), speed) for out, speed in (meter.during(run, *args, near=costs.reference_s)
+                                                    for _ in range(_runs(small)))]
+
+
 def _costs(costs: CostModel, measured: list[tuple[float, float]]) -> list[CostModel]:
     """What to simulate a row with: the calibration's costs, then those at each real run's speed."""
     return [costs] + [costs.at_speed(speed) for _, speed in measured]
@@ -98,7 +106,7 @@ def dispatch_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) 
                         ("pathdask", lambda s=shape, kn=kernels: _pathdask_run(kn, x, s, "parallel")),
                         ("multi-controller", lambda s=shape, kn=kernels: _mc_run(client, kn, x, s))):
                     run()  # warm-up: traces, plans, connections
-                    real = [(k / t, speed) for t, speed in (meter.during(run, near=costs.reference_s) for _ in range(_runs(small)))]
+                    real = _real(meter, costs, small, run, figure=lambda t: k / t)
                     _row(rows, f"dispatch {system_name} {shape} {cost * 1e3:g} ms", real,
                          [dispatch_rate(topology, c, programs, shape, k, system_name)[0] for c in _costs(costs, real)],
                          echo)
@@ -112,17 +120,15 @@ def tenancy_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) -
     rows: list[dict[str, Any]] = []
     with LocalSystem(topology, processes=False, dashboard_address=None, policy="proportional") as system:
         for weights in cfg.weights:
-            real = [(r["ops_share"][-1], speed) for r, speed in (
-                meter.during(bench_tenancy._shares, system, cfg, weights, echo, near=costs.reference_s) for _ in range(_runs(small)))]
+            real = _real(meter, costs, small, bench_tenancy._shares, system, cfg, weights, echo,
+                         figure=lambda r: r["ops_share"][-1])
             label = ":".join(f"{w:g}" for w in weights)
             _row(rows, f"tenancy share of the heaviest client's gangs, weights {label}", real,
                  [shares(topology, c, weights, cfg.gang_cost, cfg.gangs_per_program, cfg.inflight, cfg.share_seconds,
                          measure="ops")[0][-1] for c in _costs(costs, real)], echo)
         for n in cfg.clients:
             cost = cfg.costs[0]
-            real = [meter.during(bench_tenancy._throughput, system, n, cost, cfg.throughput_seconds,
-                                 near=costs.reference_s)
-                    for _ in range(_runs(small))]
+            real = _real(meter, costs, small, bench_tenancy._throughput, system, n, cost, cfg.throughput_seconds)
             _row(rows, f"tenancy {n} client(s) waiting on results, {cost * 1e3:g} ms: calls/s", real,
                  [throughput(topology, c, n, cost, cfg.throughput_seconds)[0] for c in _costs(costs, real)], echo)
     return rows
@@ -135,12 +141,11 @@ def pipeline_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) 
     rows: list[dict[str, Any]] = []
     with LocalSystem(topology, processes=False, dashboard_address=None) as system:
         client = system.client(name="validate")
-        real = [meter.during(bench_pipeline.spmd, b, client, near=costs.reference_s) for _ in range(_runs(small))]
+        real = _real(meter, costs, small, bench_pipeline.spmd, b, client)
         _row(rows, f"pipeline bench SPMD on {cfg.devices} devices: s/step", real,
              [spmd_seconds(b, topology, c) for c in _costs(costs, real)], echo)
         for s in cfg.stages:
-            real = [(t[0], speed) for t, speed in (meter.during(bench_pipeline.pipelined, b, client, s, 1, near=costs.reference_s)
-                                                   for _ in range(_runs(small)))]
+            real = _real(meter, costs, small, bench_pipeline.pipelined, b, client, s, 1, figure=lambda t: t[0])
             _row(rows, f"pipeline bench S={s} M={4 * s}: s/step", real,
                  [pipeline_seconds(b, topology, c, s) for c in _costs(costs, real)], echo)
         client.close()
