@@ -72,6 +72,27 @@ def test_bench_tenancy_small(tmp_path):
 
 
 @pytest.mark.slow
+def test_waiting_tenants_on_part_of_an_island_share_the_same_devices(monkeypatch):
+    """As Figure 8's clients share one island: the resource manager alone would spread
+    small meshes over the least-loaded devices (calibration measures on part of an island)."""
+    import pathdask as pw
+    from pathdask.bench import tenancy
+
+    used = []
+    warm_up = tenancy._warm_up
+
+    def recorded(client, devices, prog):
+        x = warm_up(client, devices, prog)
+        used.append(x.mesh.device_ids)
+        return x
+
+    monkeypatch.setattr(tenancy, "_warm_up", recorded)
+    topo = pw.Topology(islands=1, hosts_per_island=2, devices_per_host=2)
+    with pw.LocalSystem(topo, processes=False, dashboard_address=None) as system:
+        assert tenancy._throughput(system, 3, 0.0, 0.2, devices=2) > 0
+    assert used == [(0, 1)] * 3
+
+
 def test_bench_datapath_small(tmp_path):
     """As CI runs it: the client, the scheduler and each host in processes of their own."""
     from pathdask.bench import datapath

@@ -74,6 +74,20 @@ def test_never_slotted_before_its_producers(policy, data):
         assert mine == sorted(mine)
 
 
+def test_programs_slotted_after_their_submission_count_as_late():
+    """Those are the programs whose orders go to their hosts apart from their calls."""
+    s = IslandScheduler("proportional")
+    for i in range(3):
+        s.submit(sub(f"a{i}", "a"), 1.0)
+    assert set(s.inflight) == {"a0", "a1"} and s.late == 0  # the window of 2 is full
+    assert [x.pid for _, x in s.host_done("a0", "h")] == ["a2"]
+    assert s.late == 1 and s.info()["late"] == 1
+    fifo = IslandScheduler("fifo")
+    for i in range(3):
+        fifo.submit(sub(f"a{i}", "a"), 1.0)
+    assert fifo.late == 0
+
+
 def test_a_closed_clients_programs_release_the_window():
     s = IslandScheduler("proportional")
     for i in range(4):

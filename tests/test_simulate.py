@@ -159,6 +159,30 @@ def test_a_program_slotted_when_another_ends_waits_for_its_order() -> None:
     assert ends(replace(FREE, late_order_host_s=2e-3)) == pytest.approx([1e-3, 2e-3, 4e-3])
 
 
+def test_the_scheduler_learns_of_a_lone_calls_ending_after_the_done_wait() -> None:
+    """Three clients that wait for their results under proportional share: the third program
+    is slotted only once the scheduler learns that the first ended, the done wait after it."""
+    from dataclasses import replace
+
+    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
+    mesh = abstract_mesh(topo, {"x": 1})
+    g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=1e-3, name="g")
+    prog = traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
+
+    def once(h: Any) -> Any:
+        yield from h.result((yield from h.call(prog)))
+        h.mark("end")
+
+    def run(costs: CostModel) -> tuple[list[float], int]:
+        result = simulate(topo, [ClientScript(n, once) for n in "abc"], costs, policy="proportional")
+        return sorted(t.marks["end"] for t in result.tenants.values()), result.stats["scheduler"]["late"]
+
+    assert run(FREE) == (pytest.approx([1e-3, 2e-3, 3e-3]), 1)
+    # a ends at 1 ms and the scheduler learns of it at 1 + 0.5 + 1 = 2.5 ms; b ends at 2 ms
+    ends, late = run(replace(FREE, done_wait_s=0.5e-3, done_wait_host_s=1e-3))
+    assert ends == pytest.approx([1e-3, 2e-3, 3.5e-3]) and late == 1
+
+
 def test_gpipe_efficiency_is_m_over_m_plus_s_minus_1() -> None:
     stages, micro = 4, 8
     topo = pw.Topology(islands=1, hosts_per_island=stages, devices_per_host=1)
@@ -314,6 +338,9 @@ def test_the_speed_meter_times_its_work_in_its_own_thread_while_a_measurement_ru
         meter.during(lambda: runs.append(1), near=0.0)  # any speed: once
         assert len(runs) == meter.tries + 1
     assert not meter._thread.is_alive()
+    # a CPU that spent half a run at each of two speeds did its work at their mean speed
+    meter.samples = [4e-4, 8e-4, 8e-4, 4e-4]
+    assert meter.since(0) == meter.mean() == pytest.approx(2 / (1 / 4e-4 + 1 / 8e-4))
 
 
 def test_small_validation_runs_the_model_at_each_real_runs_speed(monkeypatch: pytest.MonkeyPatch) -> None:

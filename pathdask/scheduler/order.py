@@ -164,12 +164,15 @@ class IslandScheduler:
         self.device_load: dict[int, int] = {}
         self.waiting: set[str] = set()
         self.done: dict[str, int] = {}  # client -> programs that ended on all their hosts
+        #: programs slotted after their own submission (a policy's window was full): their
+        #: orders go to their hosts apart from their calls
+        self.late = 0
 
     def submit(self, sub: Submission, weight: float) -> list[tuple[int, Submission]]:
         """Take a submission; returns the (slot, submission) pairs that are now slotted."""
         self.waiting.add(sub.pid)
         self.policy.push(sub, weight)
-        return self._fill()
+        return self._fill(sub.pid)
 
     def host_done(self, pid: str, host: str) -> list[tuple[int, Submission]]:
         """A host finished its part of ``pid``; returns newly slotted programs."""
@@ -234,12 +237,14 @@ class IslandScheduler:
         window = self.policy.window
         return window is None or all(self.device_load.get(d, 0) < window for d in sub.devices)
 
-    def _fill(self) -> list[tuple[int, Submission]]:
+    def _fill(self, taking: str | None = None) -> list[tuple[int, Submission]]:
+        """Slot what the policy chooses; ``taking``: the program being submitted (any other is late)."""
         out: list[tuple[int, Submission]] = []
         while True:
             sub = self.policy.pop(self._eligible)
             if sub is None:
                 return out
+            self.late += sub.pid != taking
             self.waiting.discard(sub.pid)
             slot, self.next_slot = self.next_slot, self.next_slot + 1
             self.inflight[sub.pid] = sub
@@ -249,5 +254,5 @@ class IslandScheduler:
             out.append((slot, sub))
 
     def info(self) -> dict[str, Any]:
-        return {"policy": self.policy.name, "slotted": self.next_slot, "waiting": len(self.policy),
-                "inflight": len(self.inflight)}
+        return {"policy": self.policy.name, "slotted": self.next_slot, "late": self.late,
+                "waiting": len(self.policy), "inflight": len(self.inflight)}

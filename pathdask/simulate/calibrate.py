@@ -21,15 +21,18 @@ times, on meshes of 1, 2 and 4 hosts (each cost is a least-squares line over the
   call beyond that of the calls of zero cost is, at the longest gangs, the
   lone-done cost, and at each shorter one the share of it that the calls pay
   (``lone_done_share``);
-- the same clients under proportional share, which slots a program when another
-  ends, so that its order goes to its hosts apart from its call: the late-order cost;
+- :data:`CROWD_CLIENTS` clients that each wait for every result, under FIFO and under
+  proportional share, which slots a program when another ends (its window is full), so
+  that its order goes to its hosts apart from its call: the late-order cost is the
+  difference per program slotted late;
 - one call and its result, alone: what is left of it is the latency of its 4 messages
-  and a wait per host;
+  and a wait per host; and how long after its last host ended it the scheduler learns
+  of it (the done wait: the hosts' and the scheduler's handlers are wrapped with timers);
 - the multi-controller loop: a host's cost to register a program itself.
 
 A :class:`~.measure.SpeedMeter` runs throughout: a repeat made while the CPU ran
-more than 15% away from its median speed so far is made again (up to three
-times), and each repeat is scaled to the CPU's median speed over the whole
+more than 15% away from its mean speed so far is made again (up to three
+times), and each repeat is scaled to the CPU's mean speed over the whole
 calibration (its ``reference_s``).
 
 Everything is fitted for the embedded system (``shared_cpu``); the same numbers
@@ -78,6 +81,38 @@ def _timed_dispatch(system: LocalSystem) -> list[float]:
     return spans
 
 
+class _Endings:
+    """When each host's runtime ended each program (``HostRuntime._ended``, on the event loop)
+    and when the scheduler learned of it (its ``pathdask-program-done`` handler), both per
+    program at its last host: their difference is how long the scheduler learns of an ending
+    after the fact (the done wait)."""
+
+    def __init__(self, system: LocalSystem) -> None:
+        assert system.cluster is not None
+        self.ended: dict[str, float] = {}
+        self.told: dict[str, float] = {}
+        scheduler = system.cluster.scheduler
+        inner = scheduler.stream_handlers["pathdask-program-done"]
+
+        def told(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+            self.told[kwargs["pid"]] = time.perf_counter()
+            return _inner(*args, **kwargs)
+
+        scheduler.stream_handlers["pathdask-program-done"] = told
+        for worker in system.cluster.workers.values():
+            rt = worker.plugins["pathdask"]
+
+            def ended(pid: str, _inner: Any = rt._ended) -> None:
+                self.ended[pid] = time.perf_counter()
+                _inner(pid)
+
+            rt._ended = ended  # the device threads hand endings to the loop by this name
+
+    def waits(self, pids: set[str]) -> list[float]:
+        """The done waits of ``pids`` that the scheduler learned of by now."""
+        return [self.told[p] - self.ended[p] for p in pids if p in self.told and p in self.ended]
+
+
 def _opbyop_cpu(kernels: Kernels, x: Any) -> float:
     """The process's CPU seconds per call of ``k`` one-gang calls back to back."""
     c0 = time.process_time()
@@ -89,7 +124,7 @@ def _opbyop_cpu(kernels: Kernels, x: Any) -> float:
 
 
 def _repeat(client: Any, kernels: Kernels, alone: dict[float, Kernels], x: Any,
-            spans: list[float]) -> dict[str, list[float]]:
+            spans: list[float], endings: _Endings) -> dict[str, list[float]]:
     """One repeat of every timing."""
     k = kernels.k
     out: dict[str, list[float]] = {"single": [], "result": []}
@@ -116,6 +151,7 @@ def _repeat(client: Any, kernels: Kernels, alone: dict[float, Kernels], x: Any,
     t0 = time.perf_counter()
     kernels.fused(x).result()
     out["fused"] = [(time.perf_counter() - t0) / k]
+    before = set(endings.ended)
     for _ in range(5):
         t0 = time.perf_counter()
         y = kernels.step(x)
@@ -124,11 +160,13 @@ def _repeat(client: Any, kernels: Kernels, alone: dict[float, Kernels], x: Any,
         y.result()
         out["single"].append(t1 - t0)
         out["result"].append(time.perf_counter() - t1)
+    singles = set(endings.ended) - before
     out["mc"] = [run_multicontroller(client, kernels.op, x, k) / k]
+    out["done_wait"] = endings.waits(singles)  # the scheduler has learned of them all by now
     return out
 
 
-def _measure(client: Any, kernels: Kernels, x: Any, spans: list[float], repeats: int,
+def _measure(client: Any, kernels: Kernels, x: Any, spans: list[float], endings: _Endings, repeats: int,
              meter: SpeedMeter) -> dict[str, float]:
     """The medians over ``repeats`` of each timing, each in seconds per reference second of the
     meter (its CPU seconds for a fixed piece of work) during its repeat."""
@@ -141,20 +179,26 @@ def _measure(client: Any, kernels: Kernels, x: Any, spans: list[float], repeats:
     for longer in alone.values():
         longer.step(x).result()
     for _ in range(repeats):
-        one, speed = meter.during(_repeat, client, kernels, alone, x, spans, near=meter.median())
+        one, speed = meter.during(_repeat, client, kernels, alone, x, spans, endings, near=meter.mean())
         for name, v in one.items():
             out.setdefault(name, []).extend(t / speed for t in v)
-    return {name: statistics.median(v) for name, v in out.items()}  # typical, as validation's real figures
+    # typical, as validation's real figures (a done wait the scheduler never learned of in time is none)
+    return {name: statistics.median(v) for name, v in out.items() if v}
 
 
 #: the calibration's topology: one island of four hosts, so that meshes span 1, 2 and 4 hosts
 TOPOLOGY = {"islands": 1, "hosts_per_island": 4, "devices_per_host": 2}
 HOSTS = (1, 2, 4)
-#: raw entries that are not timings in reference seconds: the mesh's size, and the body's
-#: NumPy (timed as the simulation times it, in seconds)
-NOT_TIMED = ("devices", "compute")
+#: raw entries that are not timings in reference seconds: the mesh's size, the body's
+#: NumPy (timed as the simulation times it, in seconds), and the share of programs slotted late
+NOT_TIMED = ("devices", "compute", "late_share")
 #: clients, and seconds, of the measurement of calls that travel alone
 LONE_CLIENTS, LONE_SECONDS = 4, 1.0
+#: clients of the measurement of late orders: enough that proportional share's window is full
+#: on every mesh, so that (nearly) every program is slotted late. What a late program costs
+#: grows with the clients that wait (a policy looks at each of their queues, and fewer of the
+#: control plane's messages share a turn of its loop); 8 is the middle of Figure 8's 1-16
+CROWD_CLIENTS = 8
 #: gangs this many times a call's CPU at zero cost: from half as long (the control plane is
 #: never idle, and few endings travel alone) to twice as long (every one does)
 ALONE_STRETCHES = (0.5, 1.0, 1.25, 1.5, 2.0)
@@ -168,11 +212,11 @@ def measure(k: int = 64, repeats: int = 5, echo: Echo = print) -> dict[str, Any]
     raw: dict[str, Any] = {}
     with SpeedMeter() as meter:
         _measure_all(topology, raw, k, repeats, meter, echo)
-        reference = meter.median()
-    echo(f"  the speed meter's work took {reference * 1e3:.3f} ms of CPU (median); {meter.redone} measurement(s) "
+        reference = meter.mean()
+    echo(f"  the speed meter's work took {reference * 1e3:.3f} ms of CPU (at its mean speed); {meter.redone} measurement(s) "
          f"made again, the CPU having run more than {meter.tolerance:.0%} away from that")
     raw["redone"] = meter.redone
-    for hosts in HOSTS:  # from seconds per reference second to seconds at the median speed
+    for hosts in HOSTS:  # from seconds per reference second to seconds at the mean speed
         raw[str(hosts)].update({n: v * reference for n, v in raw[str(hosts)].items() if n not in NOT_TIMED})
     raw["reference_s"] = reference
     raw["k"] = k
@@ -183,6 +227,7 @@ def measure(k: int = 64, repeats: int = 5, echo: Echo = print) -> dict[str, Any]
 def _measure_all(topology: Any, raw: dict[str, Any], k: int, repeats: int, meter: SpeedMeter, echo: Echo) -> None:
     with LocalSystem(topology, processes=False, dashboard_address=None) as system:
         spans = _timed_dispatch(system)
+        endings = _Endings(system)
         client = system.client(name="calibrate")
         kernels = Kernels(0.0, k)
         for hosts in HOSTS:
@@ -191,26 +236,33 @@ def _measure_all(topology: Any, raw: dict[str, Any], k: int, repeats: int, meter
             if len(mesh.hosts) != hosts:
                 raise RuntimeError(f"calibration needs a mesh of {size} devices on {hosts} host(s); got {mesh.hosts}")
             x = client.put(np.zeros(size), mesh, P("x"))
-            raw[str(hosts)] = {"devices": size, **_measure(client, kernels, x, spans, repeats, meter)}
+            raw[str(hosts)] = {"devices": size, **_measure(client, kernels, x, spans, endings, repeats, meter)}
             # the body's own NumPy, which the simulation times per kernel (``schedule.body_seconds``)
             raw[str(hosts)]["compute"] = body_seconds(kernels.step.body, mesh, [np.zeros(1)])
             # one GIL: clients that each wait for every result saturate it; a call takes 1/rate of it
             raw[str(hosts)]["lone"] = _lone(system, size, repeats, meter)
+            raw[str(hosts)]["crowd"] = _lone(system, size, repeats, meter, CROWD_CLIENTS)
             echo(f"  {hosts} host(s), in reference seconds: " + ", ".join(
                 f"{n} {v:.3f}" for n, v in raw[str(hosts)].items() if n not in NOT_TIMED))
         client.close()
-    # the same under proportional share, which slots a program when another ends: its orders go apart
+    # the crowd under proportional share, which slots a program when another ends: its orders go apart
     with LocalSystem(topology, processes=False, dashboard_address=None, policy="proportional") as system:
+        assert system.cluster is not None
+        order = system.cluster.scheduler.plugins["pathdask"].order
         for hosts in HOSTS:
-            raw[str(hosts)]["lone_late"] = _lone(system, hosts * topology.devices_per_host, repeats, meter)
-        echo("  proportional share, in reference seconds: " + ", ".join(
-            f"{h} host(s) {raw[str(h)]['lone_late']:.3f}" for h in HOSTS))
+            late, slotted = order.late, order.next_slot
+            raw[str(hosts)]["crowd_late"] = _lone(system, hosts * topology.devices_per_host, repeats, meter,
+                                                  CROWD_CLIENTS)
+            raw[str(hosts)]["late_share"] = (order.late - late) / max(order.next_slot - slotted, 1)
+        echo(f"  {CROWD_CLIENTS} clients under proportional share, in reference seconds: " + ", ".join(
+            f"{h} host(s) {raw[str(h)]['crowd_late']:.3f} ({raw[str(h)]['late_share']:.0%} slotted late)"
+            for h in HOSTS))
 
 
-def _lone(system: LocalSystem, devices: int, repeats: int, meter: SpeedMeter) -> float:
-    """Time per call of :data:`LONE_CLIENTS` clients that each wait for every result, in
-    reference seconds of the meter during each run (the median of ``repeats`` runs)."""
-    runs = [meter.during(_throughput, system, LONE_CLIENTS, 0.0, LONE_SECONDS, devices=devices, near=meter.median())
+def _lone(system: LocalSystem, devices: int, repeats: int, meter: SpeedMeter, clients: int = LONE_CLIENTS) -> float:
+    """Time per call of ``clients`` clients that each wait for every result, in reference
+    seconds of the meter during each run (the median of ``repeats`` runs)."""
+    runs = [meter.during(_throughput, system, clients, 0.0, LONE_SECONDS, devices=devices, near=meter.mean())
             for _ in range(repeats)]
     return statistics.median(1.0 / rate / speed for rate, speed in runs)
 
@@ -265,8 +317,15 @@ def fit(raw: dict[str, Any]) -> CostModel:
     def lone(h: int) -> float:
         return lone_call + lone_host * h
 
-    # orders sent apart from their calls (a program slotted when another ended)
-    late_order, late_order_host = _line(hosts, [max(r[h].get("lone_late", 0.0) - r[h]["lone"], 0.0) for h in hosts])
+    # orders sent apart from their calls (a program slotted when another ended): the crowd's time per
+    # call under proportional share beyond FIFO's, per program slotted late and per host of it (the
+    # median over the meshes: on one processor it grows faster than the hosts, and the cost model
+    # charges it per host, as each host of a cluster pays it on its own)
+    late_order_host = statistics.median(
+        max(r[h]["crowd_late"] - r[h]["crowd"], 0.0) / r[h]["late_share"] / h if r[h].get("late_share") else 0.0
+        for h in hosts)
+    # the scheduler learns of a lone call's ending after its last host ended it
+    done_wait, done_wait_host = _line(hosts, [r[h].get("done_wait", 0.0) for h in hosts])
     # program endings that travel alone: the CPU per call beyond that of calls of zero cost, all of
     # it with the longest gangs, and a share of it with shorter ones
     def extra(h: int, stretch: float) -> float:
@@ -289,7 +348,8 @@ def fit(raw: dict[str, Any]) -> CostModel:
                      scheduler_host_s=sched_host, host_dispatch_s=host_dispatch, host_op_s=host_op,
                      device_op_s=device_op, exchange_s=exchange, exchange_host_s=exchange_host, message_s=message, result_s=result,
                      lone_call_s=lone_call, lone_host_s=lone_host, lone_wait_host_s=lone_wait_host, lone_done_s=lone_done,
-                     late_order_s=late_order, late_order_host_s=late_order_host,
+                     late_order_host_s=late_order_host, done_wait_s=done_wait,
+                     done_wait_host_s=done_wait_host,
                      lone_done_host_s=lone_done_host, lone_done_share=share, mc_call_s=mc_call, mc_op_s=mc_op,
                      reference_s=raw.get("reference_s", 0.0), shared_cpu=False, source=_source(raw))
 

@@ -78,6 +78,11 @@ class CostModel:
         Time a call that travels alone waits per host of it beyond the CPU and messages above
         (each host's threads handing its call and its ending to one another); its client
         learns of its result that much later.
+    done_wait_s, done_wait_host_s
+        How long after its last host ended a call that travelled alone the scheduler learns of
+        it (the host's done message waits behind the answer to the result's fetch, and the
+        client's next call), and per host of it: only then may a policy slot another program in
+        its place. Its client learns of its result sooner (``lone_wait_host_s``).
     lone_done_s, lone_done_host_s
         CPU a pipelined call's program ending pays when its messages travel alone (its
         gangs outlast the control plane's work for a call, so that each ending comes to
@@ -91,7 +96,8 @@ class CostModel:
     late_order_s, late_order_host_s
         CPU of an order sent apart from its call, when a policy slots a program after its call
         was taken in (proportional share slots one when another ends): the scheduler's, and
-        each of its hosts'.
+        each of its hosts' (its message, and the loop's turns that each such ending and order
+        take on their own, which calls slotted with their dispatch share).
     mc_call_s, mc_op_s
         Multi-controller: a host's CPU per program it runs from its own loop, and per op
         of it. Its loop registers each (as a dispatch does: ``host_dispatch_s`` and
@@ -120,6 +126,8 @@ class CostModel:
     lone_call_s: float = 0.0
     lone_host_s: float = 0.0
     lone_wait_host_s: float = 0.0
+    done_wait_s: float = 0.0
+    done_wait_host_s: float = 0.0
     lone_done_s: float = 0.0
     lone_done_host_s: float = 0.0
     lone_done_share: tuple[tuple[float, float], ...] = ()

@@ -15,7 +15,7 @@ from the :class:`~.model.CostModel`:
    programs' orders then go apart: the late-order CPU); the client learns of the
    result a message later. An ending that travels alone costs the hosts and the
    scheduler the lone-done CPU first; a call that travelled alone waits the lone
-   wait per host.
+   wait per host, and the scheduler learns of its ending only after the done wait.
 
 The multi-controller baseline (:meth:`Tenant.mc`) is what
 ``bench/multicontroller.py`` runs: each host registers the same programs with its
@@ -328,9 +328,8 @@ class Simulation:
 
     def _program_done(self, call: Call) -> None:
         c, now = self.costs, self.clock.now
-        slotted = []
-        for addr in call.schedule.host_devices:
-            slotted += self.islands.host_done(call.pid, addr)
+        wait = c.done_wait_s + c.done_wait_host_s * call.schedule.n_hosts if call.lone else 0.0
+        slotted = None if wait > 0 else self._host_done(call)
         call.done_at = told = now
         if call.lone:
             told += c.lone_wait_host_s * call.schedule.n_hosts
@@ -340,7 +339,17 @@ class Simulation:
             told = self.scheduler_cpu.book(float(sent.max()), share * c.lone_done_s)
         assert call.done is not None
         self.clock.at(told + c.message_s, call.done.succeed)
-        self._slotted(slotted, late=True)
+        if slotted is None:  # the scheduler learns of it later
+            self.clock.at(now + wait, lambda: self._slotted(self._host_done(call), late=True))
+        else:
+            self._slotted(slotted, late=True)
+
+    def _host_done(self, call: Call) -> list[tuple[int, Submission]]:
+        """The scheduler learns that ``call``'s hosts ended it; returns what the policy slots now."""
+        slotted = []
+        for addr in call.schedule.host_devices:
+            slotted += self.islands.host_done(call.pid, addr)
+        return slotted
 
 
 def simulate(topology: Topology, clients: Iterable[ClientScript], costs: CostModel | None = None,
