@@ -88,6 +88,18 @@ def test_programs_slotted_after_their_submission_count_as_late():
     assert fifo.late == 0
 
 
+def test_the_policy_changes_only_while_no_program_waits():
+    s = IslandScheduler("proportional")
+    for i in range(3):
+        s.submit(sub(f"a{i}", "a"), 1.0)
+    with pytest.raises(RuntimeError, match="1 program.*wait for a slot under 'proportional'"):
+        s.use("fifo")
+    s.host_done("a0", "h")
+    s.use("fifo")
+    assert s.info()["policy"] == "fifo"
+    assert [x.pid for _, x in s.submit(sub("a3", "a"), 1.0)] == ["a3"]  # no window any more
+
+
 def test_a_closed_clients_programs_release_the_window():
     s = IslandScheduler("proportional")
     for i in range(4):

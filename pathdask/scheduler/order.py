@@ -168,6 +168,14 @@ class IslandScheduler:
         #: orders go to their hosts apart from their calls
         self.late = 0
 
+    def use(self, policy: str) -> None:
+        """Choose slots by another policy from now on; only while no program waits for one
+        (calibration measures two policies on one system)."""
+        if len(self.policy):
+            raise RuntimeError(f"{len(self.policy)} program(s) wait for a slot under {self.policy.name!r}; "
+                               f"switch to {policy!r} once they are slotted")
+        self.policy = make_policy(policy)
+
     def submit(self, sub: Submission, weight: float) -> list[tuple[int, Submission]]:
         """Take a submission; returns the (slot, submission) pairs that are now slotted."""
         self.waiting.add(sub.pid)

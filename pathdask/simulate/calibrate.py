@@ -22,9 +22,9 @@ times, on meshes of 1, 2 and 4 hosts (each cost is a least-squares line over the
   lone-done cost, and at each shorter one the share of it that the calls pay
   (``lone_done_share``);
 - :data:`CROWD_CLIENTS` clients that each wait for every result, under FIFO and under
-  proportional share, which slots a program when another ends (its window is full), so
-  that its order goes to its hosts apart from its call: the late-order cost is the
-  difference per program slotted late;
+  proportional share in turn (on the same system), which slots a program when another
+  ends (its window is full), so that its order goes to its hosts apart from its call: the
+  late-order cost is the difference per program slotted late;
 - one call and its result, alone: what is left of it is the latency of its 4 messages
   and a wait per host; and how long after its last host ended it the scheduler learns
   of it (the done wait: the hosts' and the scheduler's handlers are wrapped with timers);
@@ -245,30 +245,46 @@ def _measure_all(topology: Any, raw: dict[str, Any], k: int, repeats: int, meter
             raw[str(hosts)]["compute"] = body_seconds(kernels.step.body, mesh, [np.zeros(1)])
             # one GIL: clients that each wait for every result saturate it; a call takes 1/rate of it
             raw[str(hosts)]["lone"] = _lone(system, size, repeats, meter)
-            raw[str(hosts)]["crowd"] = _lone(system, size, repeats, meter, CROWD_CLIENTS)
+            raw[str(hosts)].update(_crowd(system, size, repeats, meter))
             echo(f"  {hosts} host(s), in reference seconds: " + ", ".join(
-                f"{n} {v:.3f}" for n, v in raw[str(hosts)].items() if n not in NOT_TIMED))
+                f"{n} {v:.3f}" for n, v in raw[str(hosts)].items() if n not in NOT_TIMED)
+                 + f"; {raw[str(hosts)]['late_share']:.0%} slotted late")
         client.close()
-    # the crowd under proportional share, which slots a program when another ends: its orders go apart
-    with LocalSystem(topology, processes=False, dashboard_address=None, policy="proportional") as system:
-        assert system.cluster is not None
-        order = system.cluster.scheduler.plugins["pathdask"].order
-        for hosts in HOSTS:
-            late, slotted = order.late, order.next_slot
-            raw[str(hosts)]["crowd_late"] = _lone(system, hosts * topology.devices_per_host, repeats, meter,
-                                                  CROWD_CLIENTS)
-            raw[str(hosts)]["late_share"] = (order.late - late) / max(order.next_slot - slotted, 1)
-        echo(f"  {CROWD_CLIENTS} clients under proportional share, in reference seconds: " + ", ".join(
-            f"{h} host(s) {raw[str(h)]['crowd_late']:.3f} ({raw[str(h)]['late_share']:.0%} slotted late)"
-            for h in HOSTS))
 
 
-def _lone(system: LocalSystem, devices: int, repeats: int, meter: SpeedMeter, clients: int = LONE_CLIENTS) -> float:
-    """Time per call of ``clients`` clients that each wait for every result, in reference
-    seconds of the meter during each run (the median of ``repeats`` runs)."""
-    runs = [meter.during(_throughput, system, clients, 0.0, LONE_SECONDS, devices=devices, near=meter.mean())
+def _lone(system: LocalSystem, devices: int, repeats: int, meter: SpeedMeter) -> float:
+    """Time per call of :data:`LONE_CLIENTS` clients that each wait for every result, in
+    reference seconds of the meter during each run (the median of ``repeats`` runs)."""
+    runs = [meter.during(_throughput, system, LONE_CLIENTS, 0.0, LONE_SECONDS, devices=devices, near=meter.mean())
             for _ in range(repeats)]
     return statistics.median(1.0 / rate / speed for rate, speed in runs)
+
+
+def _crowd(system: LocalSystem, devices: int, repeats: int, meter: SpeedMeter) -> dict[str, float]:
+    """:data:`CROWD_CLIENTS` clients that each wait for every result, under FIFO and under
+    proportional share in turn, ``repeats`` pairs of runs back to back (so that a CPU that
+    changes speed meets both policies alike): FIFO's time per call (``crowd``) and how much
+    longer proportional share's took (``late_extra``), in reference seconds (medians), and
+    the share of programs proportional share slotted late (``late_share``)."""
+    assert system.cluster is not None
+    order = system.cluster.scheduler.plugins["pathdask"].order
+    times: dict[str, list[float]] = {"fifo": [], "proportional": []}
+    late = slotted = 0
+    try:
+        for _ in range(repeats):
+            for policy, runs in times.items():
+                order.use(policy)
+                before = order.late, order.next_slot
+                rate, speed = meter.during(_throughput, system, CROWD_CLIENTS, 0.0, LONE_SECONDS, devices=devices,
+                                           near=meter.mean())
+                runs.append(1.0 / rate / speed)
+                if policy == "proportional":
+                    late, slotted = late + order.late - before[0], slotted + order.next_slot - before[1]
+    finally:
+        order.use("fifo")
+    return {"crowd": statistics.median(times["fifo"]),
+            "late_extra": statistics.median(p - f for f, p in zip(times["fifo"], times["proportional"])),
+            "late_share": late / max(slotted, 1)}
 
 
 def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -326,8 +342,7 @@ def fit(raw: dict[str, Any]) -> CostModel:
     # median over the meshes: on one processor it grows faster than the hosts, and the cost model
     # charges it per host, as each host of a cluster pays it on its own)
     late_order_host = statistics.median(
-        max(r[h]["crowd_late"] - r[h]["crowd"], 0.0) / r[h]["late_share"] / h if r[h].get("late_share") else 0.0
-        for h in hosts)
+        max(r[h]["late_extra"], 0.0) / r[h]["late_share"] / h if r[h].get("late_share") else 0.0 for h in hosts)
     # the scheduler learns of a lone call's ending after its last host ended it
     done_wait, done_wait_host = _line(hosts, [r[h].get("done_wait", 0.0) for h in hosts])
     # program endings that travel alone: the CPU per call beyond that of calls of zero cost, all of
