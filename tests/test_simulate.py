@@ -136,9 +136,10 @@ def test_the_share_of_endings_that_go_alone_grows_with_how_much_gangs_outlast_th
             CostModel(lone_done_share=bad)
 
 
-def test_a_program_slotted_when_another_ends_waits_for_its_order() -> None:
+def test_a_program_slotted_when_another_ends_waits_for_the_ending_to_be_known_and_for_its_order() -> None:
     """Proportional share keeps a third program queued while two hold the device; it is slotted
-    when the first ends, and its order then costs the late-order CPU before it may run."""
+    once the scheduler learns that the first ended (the done wait after it, for a call that
+    travelled alone), and its order then costs the late-order CPU before it may run."""
     from dataclasses import replace
 
     topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
@@ -152,35 +153,14 @@ def test_a_program_slotted_when_another_ends_waits_for_its_order() -> None:
 
     def ends(costs: CostModel) -> list[float]:
         result = simulate(topo, [ClientScript(n, once) for n in "abc"], costs, policy="proportional")
+        assert result.stats["scheduler"]["late"] == 1
         return sorted(t.marks["end"] for t in result.tenants.values())
 
     assert ends(FREE) == pytest.approx([1e-3, 2e-3, 3e-3])
     # slotted at 1 ms, ordered at 1 + 2 = 3 ms, run from 3 to 4 ms
     assert ends(replace(FREE, late_order_host_s=2e-3)) == pytest.approx([1e-3, 2e-3, 4e-3])
-
-
-def test_the_scheduler_learns_of_a_lone_calls_ending_after_the_done_wait() -> None:
-    """Three clients that wait for their results under proportional share: the third program
-    is slotted only once the scheduler learns that the first ended, the done wait after it."""
-    from dataclasses import replace
-
-    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
-    mesh = abstract_mesh(topo, {"x": 1})
-    g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=1e-3, name="g")
-    prog = traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
-
-    def once(h: Any) -> Any:
-        yield from h.result((yield from h.call(prog)))
-        h.mark("end")
-
-    def run(costs: CostModel) -> tuple[list[float], int]:
-        result = simulate(topo, [ClientScript(n, once) for n in "abc"], costs, policy="proportional")
-        return sorted(t.marks["end"] for t in result.tenants.values()), result.stats["scheduler"]["late"]
-
-    assert run(FREE) == (pytest.approx([1e-3, 2e-3, 3e-3]), 1)
     # a ends at 1 ms and the scheduler learns of it at 1 + 0.5 + 1 = 2.5 ms; b ends at 2 ms
-    ends, late = run(replace(FREE, done_wait_s=0.5e-3, done_wait_host_s=1e-3))
-    assert ends == pytest.approx([1e-3, 2e-3, 3.5e-3]) and late == 1
+    assert ends(replace(FREE, done_wait_s=0.5e-3, done_wait_host_s=1e-3)) == pytest.approx([1e-3, 2e-3, 3.5e-3])
 
 
 def test_gpipe_efficiency_is_m_over_m_plus_s_minus_1() -> None:
