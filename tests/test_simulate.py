@@ -161,6 +161,11 @@ def test_a_program_slotted_when_another_ends_waits_for_the_ending_to_be_known_an
     assert ends(replace(FREE, late_order_host_s=2e-3)) == pytest.approx([1e-3, 2e-3, 4e-3])
     # a ends at 1 ms and the scheduler learns of it at 1 + 0.5 + 1 = 2.5 ms; b ends at 2 ms
     assert ends(replace(FREE, done_wait_s=0.5e-3, done_wait_host_s=1e-3)) == pytest.approx([1e-3, 2e-3, 3.5e-3])
+    # a fourth client: c is slotted at 1 ms while d still waits, so its order costs 2 ms more
+    # (ordered at 3 ms, run from 3 to 4); d is slotted at 2 ms with none waiting, and runs after c
+    result = simulate(topo, [ClientScript(n, once) for n in "abcd"], replace(FREE, late_order_waiting_s=2e-3),
+                      policy="proportional")
+    assert sorted(t.marks["end"] for t in result.tenants.values()) == pytest.approx([1e-3, 2e-3, 4e-3, 5e-3])
 
 
 def test_gpipe_efficiency_is_m_over_m_plus_s_minus_1() -> None:

@@ -21,10 +21,11 @@ times, on meshes of 1, 2 and 4 hosts (each cost is a least-squares line over the
   call beyond that of the calls of zero cost is, at the longest gangs, the
   lone-done cost, and at each shorter one the share of it that the calls pay
   (``lone_done_share``);
-- :data:`CROWD_CLIENTS` clients that each wait for every result, under FIFO and under
+- :data:`CROWDS` of clients that each wait for every result, under FIFO and under
   proportional share in turn (on the same system), which slots a program when another
   ends (its window is full), so that its order goes to its hosts apart from its call: the
-  late-order cost is the difference per program slotted late;
+  late-order cost is the difference per program slotted late, a part per host and a part
+  per program still waiting (a line through the two crowds);
 - one call and its result, alone: what is left of it is the latency of its 4 messages
   and a wait per host; and how long after its last host ended it the scheduler learns
   of it (the done wait: the hosts' and the scheduler's handlers are wrapped with timers);
@@ -195,14 +196,14 @@ TOPOLOGY = {"islands": 1, "hosts_per_island": 4, "devices_per_host": 2}
 HOSTS = (1, 2, 4)
 #: raw entries that are not timings in reference seconds: the mesh's size, the body's
 #: NumPy (timed as the simulation times it, in seconds), and the share of programs slotted late
-NOT_TIMED = ("devices", "compute", "late_share")
+#: clients of the measurements of late orders: enough that proportional share's window is full
+#: on every mesh, so that (nearly) every program is slotted late; a late program costs more
+#: the more clients wait (a policy looks at each of their queues, and fewer of the control
+#: plane's messages share a turn of its loop), so two crowds, the ends of Figure 8's 4-16
+CROWDS = (4, 16)
+NOT_TIMED = ("devices", "compute", *(f"late_share@{n}" for n in CROWDS))
 #: clients, and seconds, of the measurement of calls that travel alone
 LONE_CLIENTS, LONE_SECONDS = 4, 1.0
-#: clients of the measurement of late orders: enough that proportional share's window is full
-#: on every mesh, so that (nearly) every program is slotted late. What a late program costs
-#: grows with the clients that wait (a policy looks at each of their queues, and fewer of the
-#: control plane's messages share a turn of its loop); 8 is the middle of Figure 8's 1-16
-CROWD_CLIENTS = 8
 #: gangs this many times a call's CPU at zero cost: from half as long (the control plane is
 #: never idle, and few endings travel alone) to twice as long (every one does)
 ALONE_STRETCHES = (0.5, 1.0, 1.25, 1.5, 2.0)
@@ -245,10 +246,12 @@ def _measure_all(topology: Any, raw: dict[str, Any], k: int, repeats: int, meter
             raw[str(hosts)]["compute"] = body_seconds(kernels.step.body, mesh, [np.zeros(1)])
             # one GIL: clients that each wait for every result saturate it; a call takes 1/rate of it
             raw[str(hosts)]["lone"] = _lone(system, size, repeats, meter)
-            raw[str(hosts)].update(_crowd(system, size, repeats, meter))
+            for crowd in CROWDS:
+                raw[str(hosts)].update(_crowd(system, size, repeats, meter, crowd))
             echo(f"  {hosts} host(s), in reference seconds: " + ", ".join(
                 f"{n} {v:.3f}" for n, v in raw[str(hosts)].items() if n not in NOT_TIMED)
-                 + f"; {raw[str(hosts)]['late_share']:.0%} slotted late")
+                 + "; slotted late: " + ", ".join(f"{raw[str(hosts)][f'late_share@{n}']:.0%} of {n} clients' programs"
+                                                  for n in CROWDS))
         client.close()
 
 
@@ -260,12 +263,12 @@ def _lone(system: LocalSystem, devices: int, repeats: int, meter: SpeedMeter) ->
     return statistics.median(1.0 / rate / speed for rate, speed in runs)
 
 
-def _crowd(system: LocalSystem, devices: int, repeats: int, meter: SpeedMeter) -> dict[str, float]:
-    """:data:`CROWD_CLIENTS` clients that each wait for every result, under FIFO and under
-    proportional share in turn, ``repeats`` pairs of runs back to back (so that a CPU that
-    changes speed meets both policies alike): FIFO's time per call (``crowd``) and how much
-    longer proportional share's took (``late_extra``), in reference seconds (medians), and
-    the share of programs proportional share slotted late (``late_share``)."""
+def _crowd(system: LocalSystem, devices: int, repeats: int, meter: SpeedMeter, clients: int) -> dict[str, float]:
+    """``clients`` clients that each wait for every result, under FIFO and under proportional
+    share in turn, ``repeats`` pairs of runs back to back (so that a CPU that changes speed
+    meets both policies alike): FIFO's time per call (``crowd@N``) and how much longer
+    proportional share's took (``late_extra@N``), in reference seconds (medians), and the
+    share of programs proportional share slotted late (``late_share@N``)."""
     assert system.cluster is not None
     order = system.cluster.scheduler.plugins["pathdask"].order
     times: dict[str, list[float]] = {"fifo": [], "proportional": []}
@@ -275,16 +278,16 @@ def _crowd(system: LocalSystem, devices: int, repeats: int, meter: SpeedMeter) -
             for policy, runs in times.items():
                 order.use(policy)
                 before = order.late, order.next_slot
-                rate, speed = meter.during(_throughput, system, CROWD_CLIENTS, 0.0, LONE_SECONDS, devices=devices,
+                rate, speed = meter.during(_throughput, system, clients, 0.0, LONE_SECONDS, devices=devices,
                                            near=meter.mean())
                 runs.append(1.0 / rate / speed)
                 if policy == "proportional":
                     late, slotted = late + order.late - before[0], slotted + order.next_slot - before[1]
     finally:
         order.use("fifo")
-    return {"crowd": statistics.median(times["fifo"]),
-            "late_extra": statistics.median(p - f for f, p in zip(times["fifo"], times["proportional"])),
-            "late_share": late / max(slotted, 1)}
+    return {f"crowd@{clients}": statistics.median(times["fifo"]),
+            f"late_extra@{clients}": statistics.median(p - f for f, p in zip(times["fifo"], times["proportional"])),
+            f"late_share@{clients}": late / max(slotted, 1)}
 
 
 def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -341,8 +344,16 @@ def fit(raw: dict[str, Any]) -> CostModel:
     # call under proportional share beyond FIFO's, per program slotted late and per host of it (the
     # median over the meshes: on one processor it grows faster than the hosts, and the cost model
     # charges it per host, as each host of a cluster pays it on its own)
-    late_order_host = statistics.median(
-        max(r[h]["late_extra"], 0.0) / r[h]["late_share"] / h if r[h].get("late_share") else 0.0 for h in hosts)
+    # (the programs still waiting when one is slotted: each client has one call, the window
+    # holds 2 programs, and one is being slotted)
+    few, many = CROWDS
+
+    def per_late(h: int, n: int) -> float:
+        share = r[h].get(f"late_share@{n}", 0.0)
+        return max(r[h].get(f"late_extra@{n}", 0.0), 0.0) / share if share else 0.0
+
+    waiting = statistics.median(max(per_late(h, many) - per_late(h, few), 0.0) / (many - few) for h in hosts)
+    late_order_host = statistics.median(max(per_late(h, few) - waiting * (few - 3), 0.0) / h for h in hosts)
     # the scheduler learns of a lone call's ending after its last host ended it
     done_wait, done_wait_host = _line(hosts, [r[h].get("done_wait", 0.0) for h in hosts])
     # program endings that travel alone: the CPU per call beyond that of calls of zero cost, all of
@@ -367,7 +378,7 @@ def fit(raw: dict[str, Any]) -> CostModel:
                      scheduler_host_s=sched_host, host_dispatch_s=host_dispatch, host_op_s=host_op,
                      device_op_s=device_op, exchange_s=exchange, exchange_host_s=exchange_host, message_s=message, result_s=result,
                      lone_call_s=lone_call, lone_host_s=lone_host, lone_wait_host_s=lone_wait_host, lone_done_s=lone_done,
-                     late_order_host_s=late_order_host, done_wait_s=done_wait,
+                     late_order_host_s=late_order_host, late_order_waiting_s=waiting, done_wait_s=done_wait,
                      done_wait_host_s=done_wait_host,
                      lone_done_host_s=lone_done_host, lone_done_share=share, mc_call_s=mc_call, mc_op_s=mc_op,
                      reference_s=raw.get("reference_s", 0.0), shared_cpu=False, source=_source(raw))

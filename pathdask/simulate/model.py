@@ -98,6 +98,10 @@ class CostModel:
         was taken in (proportional share slots one when another ends): the scheduler's, and
         each of its hosts' (its message, and the loop's turns that each such ending and order
         take on their own, which calls slotted with their dispatch share).
+    late_order_waiting_s
+        Scheduler CPU of an order sent apart from its call per program still waiting for a slot
+        then: a late program costs more the more clients wait (the policy looks at each of their
+        queues, and fewer of the control plane's messages share a turn of its loop).
     mc_call_s, mc_op_s
         Multi-controller: a host's CPU per program it runs from its own loop, and per op
         of it. Its loop registers each (as a dispatch does: ``host_dispatch_s`` and
@@ -133,6 +137,7 @@ class CostModel:
     lone_done_share: tuple[tuple[float, float], ...] = ()
     late_order_s: float = 0.0
     late_order_host_s: float = 0.0
+    late_order_waiting_s: float = 0.0
     mc_call_s: float = 50e-6
     mc_op_s: float = 10e-6
     reference_s: float = 0.0

@@ -277,12 +277,13 @@ class Simulation:
         """``slotted`` programs get their slots; ``late``: after their calls were taken in, so
         their orders go to their hosts apart from their calls."""
         c, now = self.costs, self.clock.now
+        sent = c.late_order_s + c.late_order_waiting_s * len(self.islands.policy)  # the scheduler's CPU per order
         for slot, sub in slotted:
             call = self.calls[sub.pid]
             order_at = now + c.message_s  # the order goes with the call's dispatch
             if late:  # sent, then taken in by each host
                 hosts = call.schedule.hosts
-                order_at = float(self.hosts.book(hosts, self.scheduler_cpu.book(now, c.late_order_s) + c.message_s,
+                order_at = float(self.hosts.book(hosts, self.scheduler_cpu.book(now, sent) + c.message_s,
                                                  np.full(len(hosts), c.late_order_host_s)).max())
             call.slot, call.order_at = slot, order_at
             self.order.append(call)
