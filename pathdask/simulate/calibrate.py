@@ -340,12 +340,12 @@ def fit(raw: dict[str, Any]) -> CostModel:
     def lone(h: int) -> float:
         return lone_call + lone_host * h
 
-    # orders sent apart from their calls (a program slotted when another ended): the crowd's time per
-    # call under proportional share beyond FIFO's, per program slotted late and per host of it (the
-    # median over the meshes: on one processor it grows faster than the hosts, and the cost model
-    # charges it per host, as each host of a cluster pays it on its own)
-    # (the programs still waiting when one is slotted: each client has one call, the window
-    # holds 2 programs, and one is being slotted)
+    # orders sent apart from their calls (a program slotted when another ended): a crowd's time per
+    # call under proportional share beyond FIFO's, per program slotted late. A line through the two
+    # crowds: per program still waiting when one is slotted (each of n clients has one call, the
+    # window holds 2 programs and one is being slotted: n - 3 wait), and per host (the median over
+    # the meshes: on one processor it grows faster than the hosts, and a cluster's hosts each pay
+    # their own)
     few, many = CROWDS
 
     def per_late(h: int, n: int) -> float:
