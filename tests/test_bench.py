@@ -71,7 +71,6 @@ def test_bench_tenancy_small(tmp_path):
     assert result["ratios"]["aggregate_over_single_client"]
 
 
-@pytest.mark.slow
 def test_waiting_tenants_on_part_of_an_island_share_the_same_devices(monkeypatch):
     """As Figure 8's clients share one island: the resource manager alone would spread
     small meshes over the least-loaded devices (calibration measures on part of an island)."""
@@ -93,6 +92,7 @@ def test_waiting_tenants_on_part_of_an_island_share_the_same_devices(monkeypatch
     assert used == [(0, 1)] * 3
 
 
+@pytest.mark.slow
 def test_bench_datapath_small(tmp_path):
     """As CI runs it: the client, the scheduler and each host in processes of their own."""
     from pathdask.bench import datapath
