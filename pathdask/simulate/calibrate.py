@@ -194,13 +194,13 @@ def _measure(client: Any, kernels: Kernels, x: Any, spans: list[float], endings:
 #: the calibration's topology: one island of four hosts, so that meshes span 1, 2 and 4 hosts
 TOPOLOGY = {"islands": 1, "hosts_per_island": 4, "devices_per_host": 2}
 HOSTS = (1, 2, 4)
-#: raw entries that are not timings in reference seconds: the mesh's size, the body's
-#: NumPy (timed as the simulation times it, in seconds), and the share of programs slotted late
 #: clients of the measurements of late orders: enough that proportional share's window is full
 #: on every mesh, so that (nearly) every program is slotted late; a late program costs more
 #: the more clients wait (a policy looks at each of their queues, and fewer of the control
 #: plane's messages share a turn of its loop), so two crowds, the ends of Figure 8's 4-16
 CROWDS = (4, 16)
+#: raw entries that are not timings in reference seconds: the mesh's size, the body's
+#: NumPy (timed as the simulation times it, in seconds), and the share of programs slotted late
 NOT_TIMED = ("devices", "compute", *(f"late_share@{n}" for n in CROWDS))
 #: clients, and seconds, of the measurement of calls that travel alone
 LONE_CLIENTS, LONE_SECONDS = 4, 1.0
@@ -255,12 +255,17 @@ def _measure_all(topology: Any, raw: dict[str, Any], k: int, repeats: int, meter
         client.close()
 
 
+def _per_call(system: LocalSystem, clients: int, devices: int, meter: SpeedMeter) -> float:
+    """Time per call of ``clients`` clients that each wait for every result, for
+    :data:`LONE_SECONDS`, in reference seconds of the meter during the run."""
+    rate, speed = meter.during(_throughput, system, clients, 0.0, LONE_SECONDS, devices=devices, near=meter.mean())
+    return 1.0 / rate / speed
+
+
 def _lone(system: LocalSystem, devices: int, repeats: int, meter: SpeedMeter) -> float:
     """Time per call of :data:`LONE_CLIENTS` clients that each wait for every result, in
-    reference seconds of the meter during each run (the median of ``repeats`` runs)."""
-    runs = [meter.during(_throughput, system, LONE_CLIENTS, 0.0, LONE_SECONDS, devices=devices, near=meter.mean())
-            for _ in range(repeats)]
-    return statistics.median(1.0 / rate / speed for rate, speed in runs)
+    reference seconds (the median of ``repeats`` runs)."""
+    return statistics.median(_per_call(system, LONE_CLIENTS, devices, meter) for _ in range(repeats))
 
 
 def _crowd(system: LocalSystem, devices: int, repeats: int, meter: SpeedMeter, clients: int) -> dict[str, float]:
@@ -278,9 +283,7 @@ def _crowd(system: LocalSystem, devices: int, repeats: int, meter: SpeedMeter, c
             for policy, runs in times.items():
                 order.use(policy)
                 before = order.late, order.next_slot
-                rate, speed = meter.during(_throughput, system, clients, 0.0, LONE_SECONDS, devices=devices,
-                                           near=meter.mean())
-                runs.append(1.0 / rate / speed)
+                runs.append(_per_call(system, clients, devices, meter))
                 if policy == "proportional":
                     late, slotted = late + order.late - before[0], slotted + order.next_slot - before[1]
     finally:

@@ -277,7 +277,8 @@ class Simulation:
         """``slotted`` programs get their slots; ``late``: after their calls were taken in, so
         their orders go to their hosts apart from their calls."""
         c, now = self.costs, self.clock.now
-        sent = c.late_order_s + c.late_order_waiting_s * len(self.islands.policy)  # the scheduler's CPU per order
+        # the scheduler's CPU per order sent apart (only then: the waiting programs are counted)
+        sent = c.late_order_s + c.late_order_waiting_s * len(self.islands.policy) if late and slotted else 0.0
         for slot, sub in slotted:
             call = self.calls[sub.pid]
             order_at = now + c.message_s  # the order goes with the call's dispatch
