@@ -94,6 +94,42 @@ def test_calls_that_travel_alone_pay_the_lone_costs_and_pipelined_calls_do_not()
     assert [c.lone for c in batched.calls] == [True, False, False]
 
 
+def test_calls_made_back_to_back_go_as_one_message_taken_in_slices() -> None:
+    """A client's calls go when it waits, or once it has called for the switch interval; the
+    scheduler takes a message's first call alone, then a slice of calls per ``CALL_SLICE``,
+    and each call's dispatch goes when its slice is done, as ``SchedulerPlugin.call`` does."""
+    import sys
+    from dataclasses import replace
+
+    from pathdask.scheduler.plugin import CALL_SLICE
+
+    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
+    mesh = abstract_mesh(topo, {"x": 1})
+    g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=0.0, name="g")
+    prog = traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
+    call_s, take_s = 1e-4, 0.4 * CALL_SLICE
+    n = round(1.5 * sys.getswitchinterval() / call_s)  # the client calls for 1.5 switch intervals
+
+    def pipelined(h: Any) -> Any:
+        for _ in range(n):
+            call = yield from h.call(prog)
+        yield from h.result(call)
+
+    costs = replace(FREE, client_call_s=call_s, scheduler_call_s=take_s)
+    calls = simulate(topo, [ClientScript("a", pipelined)], costs).calls
+    dispatched = np.array([float(c.dispatched[0]) for c in calls])
+    made = np.array([c.submitted for c in calls])
+    # the first message: the calls made within a switch interval of the first, sent by the next
+    first = int(np.sum(made - made[0] < sys.getswitchinterval()))
+    assert 0 < first < n
+    sent = made[first]
+    # taken in: the first call alone, then slices of 3 calls (0.4, 0.8 and 1.2 slices' time)
+    slices = [min(1 + 3 * -(-i // 3), first) for i in range(first)]
+    assert dispatched[:first] == pytest.approx(sent + take_s * np.array(slices), abs=1e-12)
+    # the rest go when the client waits, and are taken in after the first message
+    assert dispatched[first] == pytest.approx(max(made[-1], sent + take_s * first) + take_s, abs=1e-12)
+
+
 def test_pipelined_calls_whose_gangs_outlast_their_control_work_pay_for_endings_that_go_alone() -> None:
     """Each ending of a pipelined call whose gang outlasts the control plane's work for a call
     comes to an idle scheduler and costs it the lone-done CPU; endings of zero-cost gangs come
@@ -115,10 +151,10 @@ def test_pipelined_calls_whose_gangs_outlast_their_control_work_pay_for_endings_
         costs = replace(FREE, client_call_s=1e-4, lone_done_s=lone_done, lone_done_share=share)
         return simulate(topo, [ClientScript("a", pipelined)], costs).by_name("a").marks["end"]
 
-    # gangs at 0.1-1.1, 1.1-2.1 and 2.1-3.1 ms (and the body's measured NumPy); the last ending
-    # is seen to 0.2 ms later
+    # the three calls go as one message when the client waits (0.3 ms); gangs at 0.3-1.3,
+    # 1.3-2.3 and 2.3-3.3 ms (and the body's measured NumPy); the last ending is seen 0.2 ms later
     assert run(1e-3, 2e-4) - run(1e-3, 0.0) == pytest.approx(2e-4, abs=2e-5)
-    assert run(1e-3, 0.0) == pytest.approx(3.1e-3, abs=2e-5)
+    assert run(1e-3, 0.0) == pytest.approx(3.3e-3, abs=2e-5)
     assert run(0.0, 2e-4) - run(0.0, 0.0) == pytest.approx(0.0, abs=2e-5)
     assert run(0.0, 2e-4) == pytest.approx(3e-4, abs=2e-5)  # the client's CPU, nothing more
     # gangs 10 times the control work (0.1 ms of client CPU), where half the endings go alone

@@ -4,8 +4,11 @@ A call of a program goes the way it goes in the real system, each leg charged
 from the :class:`~.model.CostModel`:
 
 1. the client lowers it (the real ``lower``, cached per program) and submits it:
-   client CPU; then a message to the scheduler;
-2. the scheduler takes it in: scheduler CPU; it is given to the real
+   client CPU; the calls it makes back to back go as one message to the scheduler
+   when it waits (for a result), or once it has called for the interpreter's switch
+   interval (its event loop, which sends them, gets the GIL only then);
+2. the scheduler takes it in: scheduler CPU, a message's first call alone and then a
+   slice of calls at a time, as its handler does; it is given to the real
    :class:`~pathdask.scheduler.order.IslandScheduler` with the real policy, and
    each host gets the call (a message, then host CPU per op);
 3. when the policy slots it, each host gets an order message; a host has the
@@ -30,8 +33,9 @@ another host even had it reports at that moment: a bookkeeping delay only).
 from __future__ import annotations
 
 import itertools
+import sys
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +47,7 @@ import xarray as xr
 from ..client.program import Program
 from ..dashboard.trace import to_dataset, transfers_dataset
 from ..scheduler.order import IslandScheduler, Submission
+from ..scheduler.plugin import CALL_SLICE
 from ..topology import Topology
 from .clock import Clock, Hosts, Processor
 from .devices import DeviceEngine, own_seconds
@@ -107,6 +112,8 @@ class Tenant:
         self.marks: dict[str, Any] = {}
         self.calls: list[Call] = []
         self.inflight = 0  # calls made whose results have not come yet
+        self._outbox: list[Call] = []  # calls made and not sent yet: they go as one message
+        self._opened = 0.0  # when the first of them was made
 
     def _landed(self, _done: simpy.Event) -> None:
         self.inflight -= 1
@@ -116,7 +123,14 @@ class Tenant:
         return self.sim.clock.now
 
     def sleep(self, seconds: float) -> Generator[Any, Any, None]:
+        self.send()
         yield self.sim.clock.timeout(seconds)
+
+    def send(self) -> None:
+        """Send the calls made since the last message, as one message (the client waits now)."""
+        calls, self._outbox = self._outbox, []
+        if calls:
+            self.sim.clock.at(self.sim.clock.now + self.sim.costs.message_s, self.sim.arrive, calls, self.weight)
 
     def call(self, program: Program, after: Call | Iterable[Call] | None = None) -> Generator[Any, Any, Call]:
         """Submit one call of ``program``; ``after``: the calls that produce its inputs."""
@@ -132,12 +146,20 @@ class Tenant:
         self.inflight += 1
         self.calls.append(call)
         sim.calls[call.pid] = call
-        sim.clock.at(sim.clock.now + c.message_s, sim.arrive, call, self.weight)
+        # The client's event loop sends its calls, and gets the GIL from a client that keeps
+        # calling only when it waits, or after the interpreter's switch interval: the calls
+        # made meanwhile go as one message.
+        if self._outbox and sim.clock.now - self._opened >= sys.getswitchinterval():
+            self.send()
+        if not self._outbox:
+            self._opened = sim.clock.now
+        self._outbox.append(call)
         return call
 
     def result(self, call: Call) -> Generator[Any, Any, float]:
         """Wait for ``call``'s result and fetch it; returns the time it came."""
         assert call.done is not None
+        self.send()
         yield call.done
         yield self.sim.clock.sleep_until(self.cpu.book(self.now, self.sim.costs.result_s))
         return self.now
@@ -228,6 +250,8 @@ class Simulation:
         self.order: deque[Call] = deque()  # slotted, not yet run, in slot order
         self._wake: float | None = None
         self._alone: dict[int, tuple[Schedule, float]] = {}  # id -> (schedule, ``_ends_alone``)
+        #: per client, the messages of calls its stream holds for the scheduler, the first being taken in
+        self._streams: defaultdict[str, deque[tuple[list[Call], float]]] = defaultdict(deque)
 
     def schedule(self, program: Program) -> Schedule:
         return compile_schedule(program, self.topology, self.overlap)
@@ -236,7 +260,12 @@ class Simulation:
         """Add a client running ``script``."""
         t = Tenant(self, name, weight, self.shared or Processor(name))
         self.tenants[t.id] = t
-        self.clock.process(script(t))
+
+        def run() -> Generator[Any, Any, None]:
+            yield from script(t)
+            t.send()  # calls made last go when the script ends
+
+        self.clock.process(run())
         return t
 
     def run(self, until: float | None = None) -> SimResult:
@@ -259,11 +288,39 @@ class Simulation:
                          wall, self.tenants, list(self.calls.values()), stats, self.engine.gangs(), rows)
 
     # -- the scheduler --------------------------------------------------------------
-    def arrive(self, call: Call, weight: float) -> None:
-        c, n = self.costs, call.schedule.n_hosts
-        cpu = c.scheduler_call_s + c.scheduler_host_s * n + (c.lone_call_s if call.lone else 0.0)
-        done = self.scheduler_cpu.book(self.clock.now, cpu)
-        self.clock.at(done, self._submit, call, weight)
+    def arrive(self, calls: list[Call], weight: float) -> None:
+        """A message of ``calls`` reaches the scheduler; a client's stream hands it the messages
+        in order, each once the one before it was taken in."""
+        waiting = self._streams[calls[0].client]
+        waiting.append((calls, weight))
+        if len(waiting) == 1:
+            self._take(calls, weight, first=True)
+
+    def _take(self, calls: list[Call], weight: float, first: bool) -> None:
+        """Take in a slice of a message's ``calls`` as ``SchedulerPlugin.call`` does: the first call
+        alone, then the calls of :data:`~pathdask.scheduler.plugin.CALL_SLICE` of its time. Their
+        dispatches go when the slice is done, and the next slice is taken in before the hosts
+        take them in."""
+        c, start = self.costs, self.clock.now
+        done, taken = start, 0
+        for call in calls:
+            done = self.scheduler_cpu.book(done, c.scheduler_call_s + c.scheduler_host_s * call.schedule.n_hosts
+                                           + (c.lone_call_s if call.lone else 0.0))
+            taken += 1
+            if first or done - start >= CALL_SLICE:
+                break
+        self.clock.at(done, self._taken, calls[:taken], calls[taken:], weight)
+
+    def _taken(self, calls: list[Call], rest: list[Call], weight: float) -> None:
+        if rest:
+            self._take(rest, weight, first=False)
+        else:
+            waiting = self._streams[calls[0].client]
+            waiting.popleft()
+            if waiting:
+                self._take(*waiting[0], first=True)
+        for call in calls:
+            self._submit(call, weight)
 
     def _submit(self, call: Call, weight: float) -> None:
         c, sched = self.costs, call.schedule
