@@ -101,7 +101,7 @@ def test_calls_made_back_to_back_go_as_one_message_taken_in_slices() -> None:
     import sys
     from dataclasses import replace
 
-    from pathdask.scheduler.plugin import CALL_SLICE
+    from pathdask.scheduler.calls import CALL_SLICE
 
     topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
     mesh = abstract_mesh(topo, {"x": 1})

@@ -20,7 +20,10 @@ if TYPE_CHECKING:
 
 from ..ops import as_key
 
-__all__ = ["supported", "create_outputs", "call_keys"]
+__all__ = ["CALL_SLICE", "supported", "create_outputs", "call_keys"]
+
+#: seconds of taking in calls of one message after which the calls taken in go to their hosts
+CALL_SLICE = 1e-3
 
 #: the modelled size of an output key's value (a handle; the data stays on the devices)
 HANDLE_NBYTES = 64

@@ -29,7 +29,7 @@ from ..streams import flush
 from ..topology import Topology
 from ..worker.links import add_stats
 from ..worker.peers import TOKEN_BYTES
-from .calls import call_keys, create_outputs, supported
+from .calls import CALL_SLICE, call_keys, create_outputs, supported
 from .interruptions import TOPIC, Interruptions
 from .order import IslandScheduler, Submission, make_policy
 from .resources import ResourceManager
@@ -38,9 +38,6 @@ if TYPE_CHECKING:
     from distributed import Scheduler
 
 logger = logging.getLogger("pathdask.scheduler")
-
-#: seconds of taking in calls of one message after which the calls taken in go to their hosts
-CALL_SLICE = 1e-3
 
 HANDLERS = (
     "pathdask_register_host",
