@@ -104,7 +104,8 @@ class ClientScript:
 
 
 class Tenant:
-    """A simulated client, as its script sees it: ``call``, ``result``, ``mc``, ``now``, ``marks``."""
+    """A simulated client, as its script sees it: ``call``, ``result``, ``send``, ``sleep``, ``mc``,
+    ``now``, ``marks``."""
 
     def __init__(self, sim: Simulation, name: str, weight: float, cpu: Processor) -> None:
         self.sim, self.name, self.weight, self.cpu = sim, name, weight, cpu
@@ -127,7 +128,8 @@ class Tenant:
         yield self.sim.clock.timeout(seconds)
 
     def send(self) -> None:
-        """Send the calls made since the last message, as one message (the client waits now)."""
+        """Send the calls made since the last message, as one message. ``result``, ``sleep`` and
+        the end of the script do so, as the client then waits and its event loop sends."""
         calls, self._outbox = self._outbox, []
         if calls:
             self.sim.clock.at(self.sim.clock.now + self.sim.costs.message_s, self.sim.arrive, calls, self.weight)
