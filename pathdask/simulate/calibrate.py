@@ -278,6 +278,7 @@ def _crowd(system: LocalSystem, devices: int, repeats: int, meter: SpeedMeter, c
     order = system.cluster.scheduler.plugins["pathdask"].order
     times: dict[str, list[float]] = {"fifo": [], "proportional": []}
     late = slotted = 0
+    found = order.policy.name
     try:
         for _ in range(repeats):
             for policy, runs in times.items():
@@ -287,7 +288,7 @@ def _crowd(system: LocalSystem, devices: int, repeats: int, meter: SpeedMeter, c
                 if policy == "proportional":
                     late, slotted = late + order.late - before[0], slotted + order.next_slot - before[1]
     finally:
-        order.use("fifo")
+        order.use(found)
     return {f"crowd@{clients}": statistics.median(times["fifo"]),
             f"late_extra@{clients}": statistics.median(p - f for f, p in zip(times["fifo"], times["proportional"])),
             f"late_share@{clients}": late / max(slotted, 1)}

@@ -389,8 +389,6 @@ class Simulation:
 
     def _program_done(self, call: Call) -> None:
         c, now = self.costs, self.clock.now
-        wait = c.done_wait_s + c.done_wait_host_s * call.schedule.n_hosts if call.lone else 0.0
-        slotted = None if wait > 0 else self._host_done(call)
         call.done_at = told = now
         if call.lone:
             told += c.lone_wait_host_s * call.schedule.n_hosts
@@ -400,17 +398,19 @@ class Simulation:
             told = self.scheduler_cpu.book(float(sent.max()), share * c.lone_done_s)
         assert call.done is not None
         self.clock.at(told + c.message_s, call.done.succeed)
-        if slotted is None:  # the scheduler learns of it later
-            self.clock.at(now + wait, lambda: self._slotted(self._host_done(call), late=True))
+        # the scheduler learns of a lone call's ending only after the done wait
+        wait = c.done_wait_s + c.done_wait_host_s * call.schedule.n_hosts if call.lone else 0.0
+        if wait > 0:
+            self.clock.at(now + wait, self._learned, call)
         else:
-            self._slotted(slotted, late=True)
+            self._learned(call)
 
-    def _host_done(self, call: Call) -> list[tuple[int, Submission]]:
-        """The scheduler learns that ``call``'s hosts ended it; returns what the policy slots now."""
+    def _learned(self, call: Call) -> None:
+        """The scheduler learns that ``call``'s hosts ended it: the policy may slot others now."""
         slotted = []
         for addr in call.schedule.host_devices:
             slotted += self.islands.host_done(call.pid, addr)
-        return slotted
+        self._slotted(slotted, late=True)
 
 
 def simulate(topology: Topology, clients: Iterable[ClientScript], costs: CostModel | None = None,
