@@ -130,6 +130,82 @@ def test_calls_made_back_to_back_go_as_one_message_taken_in_slices() -> None:
     assert dispatched[first] == pytest.approx(max(made[-1], sent + take_s * first) + take_s, abs=1e-12)
 
 
+def test_the_scheduler_takes_pipelined_calls_in_at_its_handlers_cost_and_does_the_rest_after() -> None:
+    """A message's calls are sliced by the handler's share of the scheduler's CPU per call; the
+    rest comes once the slice's dispatches went, so the scheduler's CPU in all is unchanged. A
+    call that travels alone pays all of it as it is taken in."""
+    from dataclasses import replace
+
+    from pathdask.scheduler.calls import CALL_SLICE
+    from pathdask.simulate.run import Simulation
+
+    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
+    mesh = abstract_mesh(topo, {"x": 1})
+    g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=0.0, name="g")
+    prog = traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
+    whole, take = 2 * CALL_SLICE, 0.3 * CALL_SLICE
+    costs = replace(FREE, scheduler_call_s=whole, scheduler_take_s=take)
+    assert costs.scheduler_s(1) == pytest.approx((take, whole - take))
+    assert costs.scheduler_s(1, lone=True) == (whole, 0.0)
+    assert CostModel().scheduler_s(3) == (CostModel().scheduler_call_s + 3 * CostModel().scheduler_host_s, 0.0)
+    n = 10
+
+    def pipelined(h: Any) -> Any:
+        call = None
+        for _ in range(n):  # made at 0, sent at once: one message
+            call = yield from h.call(prog)
+        yield from h.result(call)
+
+    sim = Simulation(topo, costs)
+    sim.client("a", pipelined)
+    calls = sim.run().calls
+    dispatched = np.array([float(c.dispatched[0]) for c in calls])
+    # the first call alone (it travels alone: all of its cost), then slices of 4 calls at 0.3 of
+    # a slice each; a slice's rest comes once its dispatches went, behind the next slice, which
+    # was taken in first
+    assert calls[0].lone and not any(c.lone for c in calls[1:])
+    assert dispatched[0] == pytest.approx(whole)
+    assert dispatched[1:5] == pytest.approx(whole + 4 * take)
+    assert dispatched[5:9] == pytest.approx(whole + 8 * take)
+    assert dispatched[9] == pytest.approx(whole + 8 * take + 4 * (whole - take) + take)
+    assert sim.scheduler_cpu.busy_s == pytest.approx(n * whole)
+
+
+def test_on_one_cpu_a_devices_work_waits_for_the_turn_that_holds_the_cpu_when_it_reaches_a_program() -> None:
+    """On one shared CPU a device takes a program up when it reaches it, not when its host has
+    it: a control turn that began before then holds the CPU to its end, and the gang ends late."""
+    from dataclasses import replace
+
+    from pathdask.simulate.schedule import compile_schedule
+
+    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
+    mesh = abstract_mesh(topo, {"x": 1})
+    g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=1e-3, name="g")
+    prog = traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
+    turn, own = 2e-3, 1e-4
+    costs = replace(FREE, lone_call_s=turn, device_op_s=own).embedded()
+
+    def pipelined(h: Any) -> Any:  # A travels alone (taken in 0-2 ms, runs 2-3); B is ready at 2
+        a = yield from h.call(prog)
+        b = yield from h.call(prog)
+        yield from h.result(a)
+        yield from h.result(b)
+
+    def late(h: Any) -> Any:  # C travels alone: taken in 2.5-4.5 ms, in one turn
+        yield from h.sleep(2.5e-3)
+        c = yield from h.call(prog)
+        yield from h.result(c)
+
+    result = simulate(topo, [ClientScript("a", pipelined), ClientScript("c", late)], costs)
+    a, b, c = sorted(result.calls, key=lambda call: call.submitted)
+    assert a.done_at == pytest.approx(3e-3)
+    # B's device reaches it at 3 ms, inside C's turn: its own work (its op, and the body's NumPy)
+    # runs after it, from 4.5 ms
+    own += compile_schedule(prog, topo).steps[0].compute
+    assert b.done_at == pytest.approx(2.5e-3 + turn + own)
+    assert c.done_at == pytest.approx(b.done_at + 1e-3)
+
+
 def test_pipelined_calls_whose_gangs_outlast_their_control_work_pay_for_endings_that_go_alone() -> None:
     """Each ending of a pipelined call whose gang outlasts the control plane's work for a call
     comes to an idle scheduler and costs it the lone-done CPU; endings of zero-cost gangs come

@@ -12,7 +12,8 @@ times, on meshes of 1, 2 and 4 hosts (each cost is a least-squares line over the
   body's NumPy, which is timed as the simulation times every body;
 - ``k`` one-gang calls back to back: the scheduler's CPU is what is left of each
   call's time once the client's, the hosts' and the devices' are taken out (one
-  process: they all queue on one GIL);
+  process: they all queue on one GIL); of it, its handler's taking in of each call
+  is timed apart (a wrapped ``SchedulerPlugin._call``);
 - several clients that each wait for every result, so that each call's messages
   travel alone: what a call costs beyond its share above is the lone-call cost;
 - ``k`` one-gang calls back to back again, with gangs :data:`ALONE_STRETCHES` times
@@ -62,23 +63,38 @@ from .schedule import body_seconds
 Echo = Callable[[str], Any]
 
 
+def _timer(inner: Callable[..., Any], spans: list[float],
+           calls: Callable[[dict[str, Any]], int] = lambda kwargs: 1) -> Callable[..., Any]:
+    """``inner``, timed: each run's duration per call (``calls`` of its keyword arguments) lands in ``spans``."""
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            n = calls(kwargs)
+            spans.extend([(time.perf_counter() - t) / n] * n)
+
+    return timed
+
+
 def _timed_dispatch(system: LocalSystem) -> list[float]:
     """Wrap every host's handler of calls (``HostRuntime.on_dispatch``: the output keys' handles
     and the registration) so that its duration per call lands in the returned list."""
     assert system.cluster is not None
     spans: list[float] = []
     for worker in system.cluster.workers.values():
-        inner = worker.stream_handlers["pathdask-dispatch"]
+        worker.stream_handlers["pathdask-dispatch"] = _timer(worker.stream_handlers["pathdask-dispatch"], spans,
+                                                             lambda kwargs: len(kwargs.get("calls", ())) or 1)
+    return spans
 
-        def timed(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return _inner(*args, **kwargs)
-            finally:
-                calls = len(kwargs.get("calls", ())) or 1
-                spans.extend([(time.perf_counter() - t) / calls] * calls)
 
-        worker.stream_handlers["pathdask-dispatch"] = timed
+def _timed_take(system: LocalSystem) -> list[float]:
+    """Wrap the scheduler's taking in of each call (``SchedulerPlugin._call``, inside its handler
+    of calls) so that its duration lands in the returned list."""
+    assert system.cluster is not None
+    plugin = system.cluster.scheduler.plugins["pathdask"]
+    spans: list[float] = []
+    plugin._call = _timer(plugin._call, spans)
     return spans
 
 
@@ -129,11 +145,13 @@ def _opbyop_cpu(kernels: Kernels, x: Any) -> float:
 
 
 def _repeat(client: Any, kernels: Kernels, alone: dict[float, Kernels], x: Any,
-            spans: list[float], endings: _Endings) -> dict[str, list[float]]:
-    """One repeat of every timing."""
+            timers: dict[str, list[float]], endings: _Endings) -> dict[str, list[float]]:
+    """One repeat of every timing (``timers``: the dispatches' and the take-ins' spans)."""
     k = kernels.k
     out: dict[str, list[float]] = {"single": [], "result": []}
+    spans, takes = timers["dispatch"], timers["take"]
     spans.clear()
+    takes.clear()
     c0 = time.process_time()
     t0 = time.perf_counter()
     y = x
@@ -146,6 +164,7 @@ def _repeat(client: Any, kernels: Kernels, alone: dict[float, Kernels], x: Any,
     out["opbyop"] = [(t2 - t0) / k]
     out["opbyop_cpu"] = [(time.process_time() - c0) / k]
     out["dispatch1"] = [statistics.median(spans)]
+    out["take"] = [statistics.mean(takes)]  # the mean: a slice holds CALL_SLICE of their sum
     for stretch, longer in alone.items():
         out[f"alone_cpu@{stretch:g}"] = [_opbyop_cpu(longer, x)]
     spans.clear()
@@ -171,7 +190,7 @@ def _repeat(client: Any, kernels: Kernels, alone: dict[float, Kernels], x: Any,
     return out
 
 
-def _measure(client: Any, kernels: Kernels, x: Any, spans: list[float], endings: _Endings, repeats: int,
+def _measure(client: Any, kernels: Kernels, x: Any, timers: dict[str, list[float]], endings: _Endings, repeats: int,
              meter: SpeedMeter) -> dict[str, float]:
     """The medians over ``repeats`` of each timing, each in seconds per reference second of the
     meter (its CPU seconds for a fixed piece of work) during its repeat."""
@@ -184,7 +203,7 @@ def _measure(client: Any, kernels: Kernels, x: Any, spans: list[float], endings:
     for longer in alone.values():
         longer.step(x).result()
     for _ in range(repeats):
-        one, speed = meter.during(_repeat, client, kernels, alone, x, spans, endings, near=meter.mean())
+        one, speed = meter.during(_repeat, client, kernels, alone, x, timers, endings, near=meter.mean())
         for name, v in one.items():
             out.setdefault(name, []).extend(t / speed for t in v)
     # typical, as validation's real figures (a done wait the scheduler never learned of in time is none)
@@ -231,7 +250,7 @@ def measure(k: int = 64, repeats: int = 5, echo: Echo = print) -> dict[str, Any]
 
 def _measure_all(topology: Any, raw: dict[str, Any], k: int, repeats: int, meter: SpeedMeter, echo: Echo) -> None:
     with LocalSystem(topology, processes=False, dashboard_address=None) as system:
-        spans = _timed_dispatch(system)
+        timers = {"dispatch": _timed_dispatch(system), "take": _timed_take(system)}
         endings = _Endings(system)
         client = system.client(name="calibrate")
         kernels = Kernels(0.0, k)
@@ -241,7 +260,7 @@ def _measure_all(topology: Any, raw: dict[str, Any], k: int, repeats: int, meter
             if len(mesh.hosts) != hosts:
                 raise RuntimeError(f"calibration needs a mesh of {size} devices on {hosts} host(s); got {mesh.hosts}")
             x = client.put(np.zeros(size), mesh, P("x"))
-            raw[str(hosts)] = {"devices": size, **_measure(client, kernels, x, spans, endings, repeats, meter)}
+            raw[str(hosts)] = {"devices": size, **_measure(client, kernels, x, timers, endings, repeats, meter)}
             # the body's own NumPy, which the simulation times per kernel (``schedule.body_seconds``)
             raw[str(hosts)]["compute"] = body_seconds(kernels.step.body, mesh, [np.zeros(1)])
             # one GIL: clients that each wait for every result saturate it; a call takes 1/rate of it
@@ -331,6 +350,8 @@ def fit(raw: dict[str, Any]) -> CostModel:
     # scheduler: what is left of each back-to-back call
     left = [r[h]["opbyop"] - r[h]["call"] - h * (host_dispatch + host_op * dph) - own(h) for h in hosts]
     sched_call, sched_host = _line(hosts, left)
+    # of which the scheduler's handler takes each call in (it cuts a message's calls into slices)
+    take_call, take_host = _line(hosts, [r[h]["take"] for h in hosts])
     # messages: a lone call and its result is 4 messages plus every cost on the way
     result = statistics.median(r[h]["result"] for h in hosts)
 
@@ -379,7 +400,8 @@ def fit(raw: dict[str, Any]) -> CostModel:
     mc_op = host_op
     mc_call = max(mc - mc_op * dph, 0.0)
     return CostModel(client_call_s=client_call, client_host_s=client_host, scheduler_call_s=sched_call,
-                     scheduler_host_s=sched_host, host_dispatch_s=host_dispatch, host_op_s=host_op,
+                     scheduler_host_s=sched_host, scheduler_take_s=take_call, scheduler_take_host_s=take_host,
+                     host_dispatch_s=host_dispatch, host_op_s=host_op,
                      device_op_s=device_op, exchange_s=exchange, exchange_host_s=exchange_host, message_s=message, result_s=result,
                      lone_call_s=lone_call, lone_host_s=lone_host, lone_wait_host_s=lone_wait_host, lone_done_s=lone_done,
                      late_order_host_s=late_order_host, late_order_waiting_s=waiting, done_wait_s=done_wait,

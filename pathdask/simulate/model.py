@@ -32,6 +32,7 @@ gangs outlast that work (``lone_done_share``).
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -56,6 +57,13 @@ class CostModel:
     scheduler_call_s, scheduler_host_s
         Scheduler CPU per program taken in and slotted, and per host of it (its
         output keys, its dispatch and order messages and its done message).
+    scheduler_take_s, scheduler_take_host_s
+        Of that, what the scheduler's handler of calls spends taking one in, per call and per
+        host (``SchedulerPlugin._call``): it cuts a message's calls into slices of
+        :data:`~pathdask.scheduler.calls.CALL_SLICE`, each host's of a slice going as one
+        dispatch. The rest of a pipelined call's comes once its slice's dispatches went (Dask's
+        own work for its keys, and the comms). A call that travels alone pays all of it as it
+        is taken in. By default (``inf``) all of every call's is taken in.
     host_dispatch_s, host_op_s
         A host's CPU per call it registers, and per op it registers for its devices.
     device_op_s
@@ -120,6 +128,8 @@ class CostModel:
     client_host_s: float = 50e-6
     scheduler_call_s: float = 500e-6
     scheduler_host_s: float = 100e-6
+    scheduler_take_s: float = math.inf
+    scheduler_take_host_s: float = 0.0
     host_dispatch_s: float = 100e-6
     host_op_s: float = 10e-6
     device_op_s: float = 50e-6
@@ -154,6 +164,15 @@ class CostModel:
             raise ValueError(f"CostModel.lone_done_share must be (stretch, share) points with rising stretches "
                              f"and shares in [0, 1], got {self.lone_done_share!r}")
         object.__setattr__(self, "lone_done_share", points)
+
+    def scheduler_s(self, hosts: int, lone: bool = False) -> tuple[float, float]:
+        """The scheduler's CPU for a call of a program on ``hosts`` hosts: what its handler spends
+        taking the call in, and what comes once the call's dispatches went (none if ``lone``)."""
+        whole = self.scheduler_call_s + self.scheduler_host_s * hosts
+        if lone:
+            return whole + self.lone_call_s, 0.0
+        take = min(self.scheduler_take_s + self.scheduler_take_host_s * hosts, whole)
+        return take, whole - take
 
     def lone_done_at(self, stretch: float) -> float:
         """The share of the lone-done costs a pipelined call pays whose gangs are ``stretch``

@@ -7,13 +7,15 @@ from the :class:`~.model.CostModel`:
    client CPU; the calls it makes back to back go as one message to the scheduler
    when it waits (for a result), or once it has called for the interpreter's switch
    interval (its event loop, which sends them, gets the GIL only then);
-2. the scheduler takes it in: scheduler CPU, a message's first call alone and then a
-   slice of calls at a time, as its handler does; it is given to the real
+2. the scheduler takes it in: its handler's CPU, a message's first call alone and then
+   a slice of calls at a time, as its handler does; it is given to the real
    :class:`~pathdask.scheduler.order.IslandScheduler` with the real policy, and
-   each host gets the call (a message, then host CPU per op);
+   each host gets the call (a message, then host CPU per op), the hosts a slice's calls
+   in one piece; the rest of the scheduler's CPU for the slice comes after that;
 3. when the policy slots it, each host gets an order message; a host has the
    program once it has both (``ready``);
-4. its devices run it in slot order (:class:`~.devices.DeviceEngine`); each host
+4. its devices run it in slot order (:class:`~.devices.DeviceEngine`), on one shared
+   CPU taking it up only when they reach it, behind whatever holds the CPU then; each host
    that finished tells the scheduler, whose ``host_done`` may slot more (those
    programs' orders then go apart: the late-order CPU); the client learns of the
    result a message later. An ending that travels alone costs the hosts and the
@@ -25,7 +27,9 @@ The multi-controller baseline (:meth:`Tenant.mc`) is what
 own runtime, one after another, with no client and no scheduler.
 
 Devices run programs in slot order; the engine runs a program once every one
-of its hosts has it and every earlier slot has run, so a host's "done" is
+of its hosts has it and every earlier slot has run (on one shared CPU, also once
+its devices reach it: their own work then queues behind the control plane's turn
+that holds the CPU, as a device thread waits for the event loop's), so a host's "done" is
 never earlier in virtual time than that (a host that finished a program before
 another host even had it reports at that moment: a bookkeeping delay only).
 """
@@ -300,14 +304,13 @@ class Simulation:
 
     def _take(self, calls: list[Call], weight: float, first: bool) -> None:
         """Take in a slice of a message's ``calls`` as ``SchedulerPlugin.call`` does: the first call
-        alone, then the calls of :data:`~pathdask.scheduler.calls.CALL_SLICE` of its time. Their
-        dispatches go when the slice is done, and the next slice is taken in before the hosts
-        take them in."""
+        alone, then the calls of :data:`~pathdask.scheduler.calls.CALL_SLICE` of its handler's
+        time (:meth:`~.model.CostModel.scheduler_s`). Their dispatches go when the slice is done,
+        and the next slice is taken in before the hosts take them in."""
         c, start = self.costs, self.clock.now
         done, taken = start, 0
         for call in calls:
-            done = self.scheduler_cpu.book(done, c.scheduler_call_s + c.scheduler_host_s * call.schedule.n_hosts
-                                           + (c.lone_call_s if call.lone else 0.0))
+            done = self.scheduler_cpu.book(done, c.scheduler_s(call.schedule.n_hosts, call.lone)[0])
             taken += 1
             if first or done - start >= CALL_SLICE:
                 break
@@ -323,6 +326,10 @@ class Simulation:
                 self._take(*waiting[0], first=True)
         for call in calls:
             self._submit(call, weight)
+        # the rest of the scheduler's work for the slice's calls, behind the hosts taking them in
+        after = sum(self.costs.scheduler_s(call.schedule.n_hosts, call.lone)[1] for call in calls)
+        if after:
+            self.scheduler_cpu.book(self.clock.now + self.costs.message_s, after)
 
     def _submit(self, call: Call, weight: float) -> None:
         c, sched = self.costs, call.schedule
@@ -357,6 +364,8 @@ class Simulation:
             assert call.dispatched is not None and call.order_at is not None
             ready = np.maximum(call.dispatched, call.order_at)
             when = float(ready.max())
+            if self.shared is not None:  # one CPU: a program's devices take it up when they reach it
+                when = max(when, float(self.engine.modelled[call.schedule.devices].min()))
             # simpy reaches a wake-up at ``when`` as ``now + (when - now)``, which may fall short
             # of ``when`` by a rounding error: that is the same instant, not a later one
             if when > now + TICK_S:
