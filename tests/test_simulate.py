@@ -337,6 +337,31 @@ def test_small_validation_against_a_real_run() -> None:
             assert abs(sim - real) / real < 0.3, (name, real, sim)
 
 
+@pytest.mark.slow
+def test_calibration_measures_every_cost_on_the_real_system_and_the_model_runs_on_them(tmp_path: Any) -> None:
+    """``pathdask simulate --calibrate`` at its smallest: every timing on meshes of 1, 2 and 4
+    hosts of a real embedded system, fitted into a calibration file the model runs on."""
+    from pathdask.simulate.calibrate import HOSTS, calibrate
+    from pathdask.system import default_topology
+
+    path = str(tmp_path / "calibration.json")
+    lines: list[str] = []
+    costs = calibrate(path, k=16, repeats=1, echo=lines.append)
+    assert CostModel.load(path) == costs and lines[-1] == f"wrote {path}"
+    raw = costs.source["raw"]
+    for hosts in HOSTS:  # each timing measured, each positive
+        timed = raw[str(hosts)]
+        assert {"call", "opbyop", "take", "dispatch1", "chained", "lone", "done_wait"} <= set(timed)
+        assert all(v > 0 for n, v in timed.items() if not n.startswith("late_extra")), timed
+    assert costs.reference_s == raw["reference_s"] > 0
+    # the handler's take-in is measured, and is a part of the scheduler's CPU per call
+    take, after = costs.scheduler_s(2)
+    assert 0 < take < take + after and costs.scheduler_s(2, lone=True)[1] == 0.0
+    topo = default_topology()
+    rate, _ = dispatch_rate(topo, costs.embedded(), dispatch_programs(topo, 1e-3, 16), "OpByOp", 16)
+    assert 0 < rate < 1e3  # at most one 1 ms gang per ms
+
+
 def test_a_processor_runs_work_in_the_free_time_around_work_booked_ahead() -> None:
     """Work ready before a span booked ahead (a gang's, booked when its program started) runs in
     the gaps around it, not after everything booked; zero work waits until the processor is free."""
