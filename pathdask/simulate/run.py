@@ -308,15 +308,19 @@ class Simulation:
         time (:meth:`~.model.CostModel.scheduler_s`). Their dispatches go when the slice is done,
         and the next slice is taken in before the hosts take them in."""
         c, start = self.costs, self.clock.now
-        done, taken = start, 0
+        done, taken, after = start, 0, 0.0
         for call in calls:
-            done = self.scheduler_cpu.book(done, c.scheduler_s(call.schedule.n_hosts, call.lone)[0])
+            take, later = c.scheduler_s(call.schedule.n_hosts, call.lone)
+            done = self.scheduler_cpu.book(done, take)
+            after += later
             taken += 1
             if first or done - start >= CALL_SLICE:
                 break
-        self.clock.at(done, self._taken, calls[:taken], calls[taken:], weight)
+        self.clock.at(done, self._taken, calls[:taken], calls[taken:], weight, after)
 
-    def _taken(self, calls: list[Call], rest: list[Call], weight: float) -> None:
+    def _taken(self, calls: list[Call], rest: list[Call], weight: float, after: float) -> None:
+        """A slice of ``calls`` was taken in: the next is taken in, their dispatches go, and then
+        the rest of the scheduler's work for them (``after`` seconds)."""
         if rest:
             self._take(rest, weight, first=False)
         else:
@@ -327,7 +331,6 @@ class Simulation:
         for call in calls:
             self._submit(call, weight)
         # the rest of the scheduler's work for the slice's calls, behind the hosts taking them in
-        after = sum(self.costs.scheduler_s(call.schedule.n_hosts, call.lone)[1] for call in calls)
         if after:
             self.scheduler_cpu.book(self.clock.now + self.costs.message_s, after)
 
@@ -388,7 +391,7 @@ class Simulation:
             c, n = self.costs, sched.n_hosts
             kernels = [st for st in sched.steps if st.kind == "kernel"]
             own = [len(st.devs) * own_seconds(st, c) for st in kernels]
-            parts = [c.client_call_s + c.client_host_s * n, c.scheduler_call_s + c.scheduler_host_s * n,
+            parts = [c.client_call_s + c.client_host_s * n, sum(c.scheduler_s(n)),
                      n * c.host_dispatch_s + c.host_op_s * float(sched.ops_per_host.sum()), sum(own)]
             cpu = sum(parts) if self.costs.shared_cpu else max(parts[0], parts[1], parts[2] / n,
                                                                sum(own) / max(len(sched.devices), 1))
