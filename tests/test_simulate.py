@@ -21,6 +21,14 @@ FREE = CostModel(**{f: 0.0 for f in ("client_call_s", "client_host_s", "schedule
                                      "exchange_host_s", "message_s", "result_s", "mc_call_s", "mc_op_s")})
 
 
+def _one_gang(cost: float) -> tuple[pw.Topology, Any]:
+    """One device, and a program of one gang of ``cost`` seconds on it."""
+    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
+    mesh = abstract_mesh(topo, {"x": 1})
+    g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=cost, name="g")
+    return topo, traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
+
+
 def _one_call(topo: pw.Topology, prog: Any, costs: CostModel = FREE) -> Any:
     def script(h: Any) -> Any:
         call = yield from h.call(prog)
@@ -68,10 +76,7 @@ def test_calls_that_travel_alone_pay_the_lone_costs_and_pipelined_calls_do_not()
     pipelines its calls pays them on its first only (its later messages share batches)."""
     from dataclasses import replace
 
-    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
-    mesh = abstract_mesh(topo, {"x": 1})
-    g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=1e-3, name="g")
-    prog = traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
+    topo, prog = _one_gang(1e-3)
     costs = replace(FREE, lone_call_s=4e-3, lone_host_s=1e-3)  # 4 ms of scheduler and 1 ms of host CPU
 
     def waiting(h: Any) -> Any:
@@ -103,10 +108,7 @@ def test_calls_made_back_to_back_go_as_one_message_taken_in_slices() -> None:
 
     from pathdask.scheduler.calls import CALL_SLICE
 
-    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
-    mesh = abstract_mesh(topo, {"x": 1})
-    g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=0.0, name="g")
-    prog = traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
+    topo, prog = _one_gang(0.0)
     call_s, take_s = 1e-4, 0.4 * CALL_SLICE
     n = round(1.5 * sys.getswitchinterval() / call_s)  # the client calls for 1.5 switch intervals
 
@@ -139,10 +141,7 @@ def test_the_scheduler_takes_pipelined_calls_in_at_its_handlers_cost_and_does_th
     from pathdask.scheduler.calls import CALL_SLICE
     from pathdask.simulate.run import Simulation
 
-    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
-    mesh = abstract_mesh(topo, {"x": 1})
-    g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=0.0, name="g")
-    prog = traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
+    topo, prog = _one_gang(0.0)
     whole, take = 2 * CALL_SLICE, 0.3 * CALL_SLICE
     costs = replace(FREE, scheduler_call_s=whole, scheduler_take_s=take)
     assert costs.scheduler_s(1) == pytest.approx((take, whole - take))
@@ -178,10 +177,7 @@ def test_on_one_cpu_a_devices_work_waits_for_the_turn_that_holds_the_cpu_when_it
 
     from pathdask.simulate.schedule import compile_schedule
 
-    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
-    mesh = abstract_mesh(topo, {"x": 1})
-    g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=1e-3, name="g")
-    prog = traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
+    topo, prog = _one_gang(1e-3)
     turn, own = 2e-3, 1e-4
     costs = replace(FREE, lone_call_s=turn, device_op_s=own).embedded()
 
@@ -212,11 +208,8 @@ def test_pipelined_calls_whose_gangs_outlast_their_control_work_pay_for_endings_
     together and do not."""
     from dataclasses import replace
 
-    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
-    mesh = abstract_mesh(topo, {"x": 1})
     def run(cost: float, lone_done: float, share: tuple[tuple[float, float], ...] = ()) -> float:
-        g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=cost, name="g")
-        prog = traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
+        topo, prog = _one_gang(cost)
 
         def pipelined(h: Any) -> Any:
             for _ in range(3):
@@ -254,10 +247,7 @@ def test_a_program_slotted_when_another_ends_waits_for_the_ending_to_be_known_an
     travelled alone), and its order then costs the late-order CPU before it may run."""
     from dataclasses import replace
 
-    topo = pw.Topology(islands=1, hosts_per_island=1, devices_per_host=1)
-    mesh = abstract_mesh(topo, {"x": 1})
-    g = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=1e-3, name="g")
-    prog = traced(lambda x: g(x), topo, AbstractArray((4,), "f8", mesh, P("x")), name="p")
+    topo, prog = _one_gang(1e-3)
 
     def once(h: Any) -> Any:
         yield from h.result((yield from h.call(prog)))
