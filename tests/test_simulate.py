@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -476,3 +477,48 @@ def test_small_validation_runs_the_model_at_each_real_runs_speed(monkeypatch: py
     assert (opbyop["simulated"] - opbyop["simulated_at_calibration"]) * (speed - 1e-3) < 0
     for name in ("dispatch pathdask Chained 10 ms", "dispatch multi-controller Chained 10 ms"):
         assert rows[name]["relative_error"] < 0.3, rows[name]
+    # rows of clients that wait for their results time the hosts' handler of each one-call message
+    waiting = [r for name, r in rows.items() if "waiting on results" in name]
+    assert waiting and all(len(r["handler_cpu_s"]) == 1 and 0 < r["handler_cpu_s"][0] < 0.1 for r in waiting)
+    assert all("handler_cpu_s" not in r for name, r in rows.items() if "waiting on results" not in name)
+
+
+def test_a_row_gives_the_spread_of_its_runs_and_of_their_rates_in_the_systems_own_work() -> None:
+    """Two runs, one twice as fast as the other, whose hosts' handler took half the CPU per call:
+    the machine ran at another speed, and in the system's own work the runs are alike."""
+    from pathdask.simulate.validate import Run, _row
+
+    rows: list[dict[str, Any]] = []
+    _row(rows, "waiting", [Run(100.0, 1e-3, 2e-5), Run(50.0, 1e-3, 4e-5)], [90.0, 80.0, 70.0], lambda _: None)
+    (row,) = rows
+    assert row["real"] == 75.0 and row["simulated"] == 75.0 and row["handler_cpu_s"] == [2e-5, 4e-5]
+    assert row["spread"] == pytest.approx(1 / 3) and row["spread_in_own_work"] == pytest.approx(0.0)
+    _row(rows, "untimed", [Run(100.0, 1e-3), Run(50.0, 1e-3)], [90.0, 80.0, 70.0], lambda _: None)
+    assert "handler_cpu_s" not in rows[1] and "spread" not in rows[1]
+
+
+def test_the_handler_clock_times_the_hosts_messages_of_one_call() -> None:
+    """A lone call reaches each of its two hosts as a message of one call: two samples of the
+    handler's CPU. A burst of back-to-back calls goes mostly in messages of several calls."""
+    from pathdask.bench.dispatch import Kernels
+    from pathdask.simulate.measure import HandlerClock
+    from pathdask.system import LocalSystem, default_topology
+
+    with LocalSystem(default_topology(), processes=False, dashboard_address=None) as system:
+        clock = HandlerClock(system)
+        client = system.client(name="clock")
+        mesh = client.mesh({"x": 4}, island=0)
+        x = client.put(np.zeros(4), mesh, P("x"))
+        kernels = Kernels(0.0, 32)
+        kernels.step(x).result()  # traced and warm
+        mark = clock.mark()
+        kernels.step(x).result()
+        assert clock.mark() - mark == len(mesh.hosts) == 2 and 0 < clock.since(mark) < 0.1
+        mark = clock.mark()
+        y = x
+        for _ in range(32):
+            y = kernels.step(y)
+        y.result()
+        assert clock.mark() - mark < 32 * 2
+        assert math.isnan(clock.since(clock.mark()))
+        client.close()

@@ -56,7 +56,7 @@ from ..bench.dispatch import Kernels
 from ..bench.multicontroller import run_multicontroller
 from ..bench.tenancy import _throughput
 from ..system import LocalSystem
-from .measure import SpeedMeter
+from .measure import SpeedMeter, wrap_dispatch
 from .model import CostModel
 from .schedule import body_seconds
 
@@ -80,11 +80,8 @@ def _timer(inner: Callable[..., Any], spans: list[float],
 def _timed_dispatch(system: LocalSystem) -> list[float]:
     """Wrap every host's handler of calls (``HostRuntime.on_dispatch``: the output keys' handles
     and the registration) so that its duration per call lands in the returned list."""
-    assert system.cluster is not None
     spans: list[float] = []
-    for worker in system.cluster.workers.values():
-        worker.stream_handlers["pathdask-dispatch"] = _timer(worker.stream_handlers["pathdask-dispatch"], spans,
-                                                             lambda kwargs: len(kwargs.get("calls", ())) or 1)
+    wrap_dispatch(system, lambda handler: _timer(handler, spans, lambda kwargs: len(kwargs.get("calls", ())) or 1))
     return spans
 
 

@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 import numpy as np
 from distributed.protocol import dumps, loads
 
-__all__ = ["SpeedMeter", "one_cpu", "settled"]
+__all__ = ["HandlerClock", "SpeedMeter", "one_cpu", "settled", "wrap_dispatch"]
 
 Echo = Callable[[str], Any]
 T = TypeVar("T")
@@ -161,6 +161,52 @@ class SpeedMeter:
     def mean(self) -> float:
         """The reference seconds at the CPU's mean speed over every sample so far."""
         return self.since(0)
+
+
+def wrap_dispatch(system: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace every host's handler of calls (its ``pathdask-dispatch`` stream handler, on an
+    embedded ``LocalSystem``) by ``wrap(handler)``."""
+    assert system.cluster is not None
+    for worker in system.cluster.workers.values():
+        worker.stream_handlers["pathdask-dispatch"] = wrap(worker.stream_handlers["pathdask-dispatch"])
+
+
+class HandlerClock:
+    """The system's own speed, timed in place: the CPU seconds (of its thread) that the hosts'
+    handler of calls spends on each message of one call, over an embedded system's runs.
+
+    Clients that each wait for every result keep the process's CPU busy, so their rate is
+    the inverse of the CPU per call. On a virtual machine that CPU moved by up to 2x within
+    seconds, more than the :class:`SpeedMeter` saw (its work is not the system's). This
+    handler's CPU moves with it (r = 0.97-1.00 over runs of one configuration): the rate
+    times it stays within a few per cent across runs whose rates spread twice as wide. That
+    tells a machine whose speed moved from a system whose work did. It also grows with the
+    number of clients (the hosts hold more state), so it describes the runs of one
+    configuration, not a speed to run the model at.
+    """
+
+    def __init__(self, system: Any) -> None:
+        self.samples: list[float] = []
+        wrap_dispatch(system, self._timed)
+
+    def _timed(self, inner: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.thread_time_ns()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                if len(kwargs.get("calls", ())) == 1:
+                    self.samples.append((time.thread_time_ns() - t) / 1e9)
+
+        return timed
+
+    def mark(self) -> int:
+        """Where the samples from now on start (for :meth:`since`)."""
+        return len(self.samples)
+
+    def since(self, mark: int) -> float:
+        """The mean CPU seconds per one-call message since ``mark`` (NaN if there was none)."""
+        return statistics.mean(self.samples[mark:]) if len(self.samples) > mark else float("nan")
 
 
 def _threads() -> list[int]:

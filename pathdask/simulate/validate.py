@@ -20,6 +20,13 @@ run kept takes the calibration's costs at its speed
 (:meth:`~.model.CostModel.at_speed`): the simulated figure is the median of
 those. Each row also gives the simulation at the calibration's own speed, and
 its error, as the model would predict with no meter.
+
+Clients that each wait for every result keep the CPU busy, and their rate moves
+with the machine's speed more than the meter sees. Their rows also time the
+hosts' handler of calls in each run (:class:`~.measure.HandlerClock`) and give
+both spreads over the runs: of the rates, and of each rate times that handler's
+CPU per call. When the second is much smaller, the runs differed in the
+machine's speed, not in the system's work.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -38,7 +45,7 @@ from ..bench import tenancy as bench_tenancy
 from ..bench.dispatch import Kernels, _mc_run, _pathdask_run
 from ..bench.report import table
 from ..system import LocalSystem, default_topology
-from .measure import SpeedMeter
+from .measure import HandlerClock, SpeedMeter
 from .model import CostModel
 from .transformer import pipeline_seconds, spmd_seconds
 from .workloads import dispatch_programs, dispatch_rate, shares, throughput
@@ -57,35 +64,63 @@ def _error(sim: float, real: float) -> float:
     return abs(sim - real) / real if real else math.inf
 
 
+class Run(NamedTuple):
+    """One real run: its figure, the meter's reference seconds during it, and, where the row
+    times it, the hosts' handler CPU per message of one call (:class:`~.measure.HandlerClock`)."""
+
+    figure: float
+    speed: float
+    handler_s: float | None = None
+
+
 def _real(meter: SpeedMeter, costs: CostModel, small: bool, run: Callable[..., Any], *args: Any,
-          figure: Callable[[Any], float] = float) -> list[tuple[float, float]]:
-    """Each real run's ``figure(run(*args))`` and the meter's reference seconds during it, runs
-    made again while the CPU ran away from the calibration's speed (:meth:`SpeedMeter.during`)."""
-    return [(figure(out), speed) for out, speed in (meter.during(run, *args, near=costs.reference_s)
-                                                    for _ in range(_runs(small)))]
+          figure: Callable[[Any], float] = float, clock: HandlerClock | None = None) -> list[Run]:
+    """Each real run of ``run(*args)``, runs made again while the CPU ran away from the
+    calibration's speed (:meth:`SpeedMeter.during`); ``clock`` times the hosts' handler."""
+    def timed(*a: Any) -> tuple[Any, float | None]:
+        mark = clock.mark() if clock is not None else 0
+        out = run(*a)
+        return out, clock.since(mark) if clock is not None else None
+
+    runs = []
+    for _ in range(_runs(small)):
+        (out, handler_s), speed = meter.during(timed, *args, near=costs.reference_s)
+        runs.append(Run(figure(out), speed, handler_s))
+    return runs
 
 
-def _costs(costs: CostModel, measured: list[tuple[float, float]]) -> list[CostModel]:
+def _costs(costs: CostModel, measured: list[Run]) -> list[CostModel]:
     """What to simulate a row with: the calibration's costs, then those at each real run's speed."""
-    return [costs] + [costs.at_speed(speed) for _, speed in measured]
+    return [costs] + [costs.at_speed(r.speed) for r in measured]
 
 
-def _row(rows: list[dict[str, Any]], name: str, measured: list[tuple[float, float]], simulated: list[float],
-         echo: Echo) -> None:
-    """One row: ``measured`` holds each real run's figure and the meter's reference seconds
-    during it; ``simulated`` the simulation's figures with :func:`_costs`."""
-    runs = [r for r, _ in measured]
-    speeds = [s for _, s in measured]
+def _spread(values: list[float]) -> float:
+    """Standard deviation over mean."""
+    return float(np.std(values) / np.mean(values))
+
+
+def _row(rows: list[dict[str, Any]], name: str, measured: list[Run], simulated: list[float], echo: Echo) -> None:
+    """One row: ``measured`` holds the real runs; ``simulated`` the simulation's figures with :func:`_costs`."""
+    runs = [r.figure for r in measured]
     real = float(np.median(runs))
     at_calibration, *at_speed = simulated
     sim = float(np.median(at_speed))
     err = _error(sim, real)
     within = min(runs) <= sim <= max(runs)
-    rows.append({"configuration": name, "real": real, "real_runs": runs, "reference_s": speeds, "simulated": sim,
-                 "relative_error": err, "within_real_range": within, "simulated_at_calibration": at_calibration,
-                 "relative_error_at_calibration": _error(at_calibration, real)})
+    row = {"configuration": name, "real": real, "real_runs": runs, "reference_s": [r.speed for r in measured],
+           "simulated": sim, "relative_error": err, "within_real_range": within,
+           "simulated_at_calibration": at_calibration, "relative_error_at_calibration": _error(at_calibration, real)}
     echo(f"  {name}: real {real:,.4g} ({min(runs):,.4g}-{max(runs):,.4g}), simulated {sim:,.4g} ({err:.1%}); "
          f"at the calibration's speed {at_calibration:,.4g} ({_error(at_calibration, real):.1%})")
+    handler = [r.handler_s for r in measured if r.handler_s is not None and not math.isnan(r.handler_s)]
+    if handler and len(handler) == len(runs):  # timed, and every run had messages of one call
+        row["handler_cpu_s"] = handler
+        if len(runs) > 1:  # the machine's speed, or the system's work: which moved between runs
+            row["spread"] = _spread(runs)
+            row["spread_in_own_work"] = _spread([f * h for f, h in zip(runs, handler)])
+            echo(f"    its runs spread {row['spread']:.1%}; in the system's own work (each rate times its hosts' "
+                 f"handler CPU per call) {row['spread_in_own_work']:.1%}")
+    rows.append(row)
 
 
 def dispatch_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) -> list[dict[str, Any]]:
@@ -119,6 +154,7 @@ def tenancy_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) -
     cfg = bench_tenancy.Config.small() if small else bench_tenancy.Config()
     rows: list[dict[str, Any]] = []
     with LocalSystem(topology, processes=False, dashboard_address=None, policy="proportional") as system:
+        clock = HandlerClock(system)
         for weights in cfg.weights:
             real = _real(meter, costs, small, bench_tenancy._shares, system, cfg, weights, echo,
                          figure=lambda r: r["ops_share"][-1])
@@ -128,7 +164,8 @@ def tenancy_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) -
                          measure="ops")[0][-1] for c in _costs(costs, real)], echo)
         for n in cfg.clients:
             cost = cfg.costs[0]
-            real = _real(meter, costs, small, bench_tenancy._throughput, system, n, cost, cfg.throughput_seconds)
+            real = _real(meter, costs, small, bench_tenancy._throughput, system, n, cost, cfg.throughput_seconds,
+                         clock=clock)
             _row(rows, f"tenancy {n} client(s) waiting on results, {cost * 1e3:g} ms: calls/s", real,
                  [throughput(topology, c, n, cost, cfg.throughput_seconds)[0] for c in _costs(costs, real)], echo)
     return rows
