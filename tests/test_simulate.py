@@ -499,7 +499,8 @@ def test_a_row_gives_the_spread_of_its_runs_and_of_their_rates_in_the_systems_ow
 
 def test_the_handler_clock_times_the_hosts_messages_of_one_call() -> None:
     """A lone call reaches each of its two hosts as a message of one call: two samples of the
-    handler's CPU. A burst of back-to-back calls goes mostly in messages of several calls."""
+    handler's CPU. A burst of back-to-back calls goes partly in messages of several calls (the
+    scheduler's slices), which it leaves out."""
     from pathdask.bench.dispatch import Kernels
     from pathdask.simulate.measure import HandlerClock
     from pathdask.system import LocalSystem, default_topology

@@ -176,13 +176,13 @@ class HandlerClock:
     handler of calls spends on each message of one call, over an embedded system's runs.
 
     Clients that each wait for every result keep the process's CPU busy, so their rate is
-    the inverse of the CPU per call. On a virtual machine that CPU moved by up to 2x within
-    seconds, more than the :class:`SpeedMeter` saw (its work is not the system's). This
-    handler's CPU moves with it (r = 0.97-1.00 over runs of one configuration): the rate
-    times it stays within a few per cent across runs whose rates spread twice as wide. That
-    tells a machine whose speed moved from a system whose work did. It also grows with the
-    number of clients (the hosts hold more state), so it describes the runs of one
-    configuration, not a speed to run the model at.
+    the inverse of the CPU per call. On a virtual machine that CPU moved by up to 2.7x
+    between runs seconds apart, more than the :class:`SpeedMeter` saw (its work is not the
+    system's). This handler's CPU moves with it (r = 0.97-1.00 over runs of one
+    configuration): the rate times it stays within a few per cent across runs whose rates
+    spread 1.8-2.7x. That tells a machine whose speed moved from a system whose work did.
+    It also grows with the number of clients (the hosts hold more state), so it describes
+    the runs of one configuration, not a speed to run the model at.
     """
 
     def __init__(self, system: Any) -> None:
