@@ -56,7 +56,7 @@ from ..bench.dispatch import Kernels
 from ..bench.multicontroller import run_multicontroller
 from ..bench.tenancy import _throughput
 from ..system import LocalSystem
-from .measure import SpeedMeter, wrap_dispatch
+from .measure import SpeedMeter, timed, wrap_dispatch
 from .model import CostModel
 from .schedule import body_seconds
 
@@ -66,15 +66,11 @@ Echo = Callable[[str], Any]
 def _timer(inner: Callable[..., Any], spans: list[float],
            calls: Callable[[dict[str, Any]], int] = lambda kwargs: 1) -> Callable[..., Any]:
     """``inner``, timed: each run's duration per call (``calls`` of its keyword arguments) lands in ``spans``."""
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            n = calls(kwargs)
-            spans.extend([(time.perf_counter() - t) / n] * n)
+    def record(seconds: float, kwargs: dict[str, Any]) -> None:
+        n = calls(kwargs)
+        spans.extend([seconds / n] * n)
 
-    return timed
+    return timed(inner, record)
 
 
 def _timed_dispatch(system: LocalSystem) -> list[float]:

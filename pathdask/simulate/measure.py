@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 import numpy as np
 from distributed.protocol import dumps, loads
 
-__all__ = ["HandlerClock", "SpeedMeter", "one_cpu", "settled", "wrap_dispatch"]
+__all__ = ["HandlerClock", "SpeedMeter", "one_cpu", "settled", "timed", "wrap_dispatch"]
 
 Echo = Callable[[str], Any]
 T = TypeVar("T")
@@ -163,6 +163,19 @@ class SpeedMeter:
         return self.since(0)
 
 
+def timed(inner: Callable[..., T], record: Callable[[float, dict[str, Any]], None],
+          clock: Callable[[], float] = time.perf_counter) -> Callable[..., T]:
+    """``inner``, timed: after each run, ``record(seconds on clock, its keyword arguments)``."""
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        t = clock()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            record(clock() - t, kwargs)
+
+    return wrapper
+
+
 def wrap_dispatch(system: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
     """Replace every host's handler of calls (its ``pathdask-dispatch`` stream handler, on an
     embedded ``LocalSystem``) by ``wrap(handler)``."""
@@ -187,18 +200,11 @@ class HandlerClock:
 
     def __init__(self, system: Any) -> None:
         self.samples: list[float] = []
-        wrap_dispatch(system, self._timed)
+        wrap_dispatch(system, lambda handler: timed(handler, self._record, time.thread_time))
 
-    def _timed(self, inner: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t = time.thread_time_ns()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                if len(kwargs.get("calls", ())) == 1:
-                    self.samples.append((time.thread_time_ns() - t) / 1e9)
-
-        return timed
+    def _record(self, seconds: float, kwargs: dict[str, Any]) -> None:
+        if len(kwargs.get("calls", ())) == 1:
+            self.samples.append(seconds)
 
     def mark(self) -> int:
         """Where the samples from now on start (for :meth:`since`)."""
