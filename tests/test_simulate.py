@@ -468,7 +468,7 @@ def test_small_validation_runs_the_model_at_each_real_runs_speed(monkeypatch: py
     costs = replace(CostModel.load(), reference_s=1e-3)
     out = validate(costs, small=True, echo=lambda _: None)
     rows = {r["configuration"]: r for r in out["rows"]}
-    assert out["reference_s"] > 0 and len(rows) == 18
+    assert out["reference_s"] > 0 and out["speed_ratio_at_start"] > 0 and len(rows) == 18
     for r in rows.values():
         assert len(r["reference_s"]) == len(r["real_runs"]) == 1 and r["reference_s"][0] > 0
     opbyop = rows["dispatch pathdask OpByOp 1 ms"]
@@ -481,6 +481,18 @@ def test_small_validation_runs_the_model_at_each_real_runs_speed(monkeypatch: py
     waiting = [r for name, r in rows.items() if "waiting on results" in name]
     assert waiting and all(len(r["handler_cpu_s"]) == 1 and 0 < r["handler_cpu_s"][0] < 0.1 for r in waiting)
     assert all("handler_cpu_s" not in r for name, r in rows.items() if "waiting on results" not in name)
+
+
+def test_validation_warns_before_it_starts_when_the_cpu_runs_far_from_the_calibrations_speed() -> None:
+    """Within twice the meter's tolerance the scaling holds and nothing is said; beyond it, either
+    way, the warning names how far and what to do."""
+    from pathdask.simulate.validate import far_from_calibration
+
+    assert far_from_calibration(None, 0.15) is None
+    assert far_from_calibration(1.25, 0.15) is None and far_from_calibration(1 / 1.25, 0.15) is None
+    slow, fast = far_from_calibration(2.9, 0.15), far_from_calibration(0.5, 0.15)
+    assert slow is not None and "2.90x as slowly" in slow and "--calibrate" in slow and "15%" in slow
+    assert fast is not None and "2.00x as fast" in fast
 
 
 def test_a_row_gives_the_spread_of_its_runs_and_of_their_rates_in_the_systems_own_work() -> None:

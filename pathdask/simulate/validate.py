@@ -189,12 +189,29 @@ def pipeline_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) 
     return rows
 
 
+def far_from_calibration(ratio: float | None, tolerance: float) -> str | None:
+    """What to say before validating when the CPU does the meter's work ``ratio`` times as slowly
+    as during calibration: more than twice the meter's ``tolerance`` away, where scaling the
+    costs by the meter is least exact (None: near enough, or no calibration speed)."""
+    if ratio is None or abs(math.log(ratio)) <= math.log(1 + 2 * tolerance):
+        return None
+    how = f"{ratio:.2f}x as slowly" if ratio > 1 else f"{1 / ratio:.2f}x as fast"
+    return (f"warning: the CPU does the speed meter's work {how} as during calibration. Runs made while it is more "
+            f"than {tolerance:.0%} away are made again and the model runs at each run's speed, but that scaling is not exact: "
+            f"CPU-bound rows (one-gang calls, clients that wait for every result) may miss. Calibrate on this "
+            f"machine now (--calibrate --costs F), with other work off it, or validate when it is steadier")
+
+
 def validate(costs: CostModel | None = None, small: bool = False, echo: Echo = print) -> dict[str, Any]:
     """Every row, the table and the worst relative error."""
     costs = (costs or CostModel.load()).embedded()
     start = time.perf_counter()
     echo("pathdask simulate validate: real embedded runs beside the simulation of the same")
     with SpeedMeter() as meter:
+        ratio = SpeedMeter.now() / costs.reference_s if costs.reference_s else None
+        warning = far_from_calibration(ratio, meter.tolerance)
+        if warning:
+            echo(warning)
         rows = (dispatch_rows(costs, small, meter, echo) + tenancy_rows(costs, small, meter, echo)
                 + pipeline_rows(costs, small, meter, echo))
         speed, redone = meter.mean(), meter.redone
@@ -216,4 +233,4 @@ def validate(costs: CostModel | None = None, small: bool = False, echo: Echo = p
     echo(f"at the calibration's speed: worst {worst_at_calibration:.1%}, "
          f"{sum(r['relative_error_at_calibration'] <= 0.1 for r in rows)} of {len(rows)} rows within 10%")
     return {"rows": rows, "worst": worst, "over_10_percent": len(over), "seconds": time.perf_counter() - start,
-            "reference_s": speed, "redone": redone, "worst_at_calibration": worst_at_calibration, "costs": costs.to_dict()}
+            "reference_s": speed, "speed_ratio_at_start": ratio, "redone": redone, "worst_at_calibration": worst_at_calibration, "costs": costs.to_dict()}
