@@ -9,7 +9,7 @@ import pytest
 
 import pathdask as pw
 from pathdask import P
-from pathdask.worker.driver import Driver, Waitable, current, sleep_until
+from pathdask.worker.driver import Driver, Waitable, current, sleep_until, yield_to_others
 
 from .conftest import SMALL, assert_clean
 
@@ -83,6 +83,42 @@ def test_a_notify_from_another_thread_wakes_a_parked_device():
     _drive([make])
     t.join()
     assert box["value"] == 1
+
+
+def test_devices_woken_together_end_their_waits_before_either_goes_on_to_compute():
+    """Two devices wait on one collective's end; one notify wakes both. Each yields before its
+    compute (as ``execute.run_op`` does before a kernel body): both end their waits first."""
+    log, box = [], {}
+    ready = [threading.Event(), threading.Event()]
+
+    def device(me):
+        def make(driver):
+            cond = box.setdefault("cond", Waitable(driver))
+
+            def run():
+                with cond:
+                    ready[me].set()
+                    while "go" not in box:
+                        cond.wait()
+                log.append(("woke", me))
+                yield_to_others()
+                log.append(("computed", me))
+            return run
+        return make
+
+    def go():
+        for event in ready:
+            assert event.wait(10)
+        with box["cond"]:
+            box["go"] = True
+            box["cond"].notify_all()
+
+    t = threading.Thread(target=go)
+    t.start()
+    _drive([device(0), device(1)])
+    t.join()
+    assert sorted(log[:2]) == [("woke", 0), ("woke", 1)] and sorted(log[2:]) == [("computed", 0), ("computed", 1)]
+    yield_to_others()  # on a thread of its own: nothing to yield to
 
 
 def test_a_timed_wait_and_a_sleep_end_on_time_while_the_other_device_runs():

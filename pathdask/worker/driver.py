@@ -188,6 +188,17 @@ class Waitable(threading.Condition):
             self.driver.poke()
 
 
+def yield_to_others() -> None:
+    """On a host's driver thread, let the host's other devices that may run go first; on a
+    thread of its own, nothing. A device about to hold the thread with a kernel body's compute
+    calls it, so that the devices woken with it (say, at the end of a collective they all waited
+    on) end what they were woken for before that compute: else they wait for it, and the
+    devices of other hosts then wait for them."""
+    d = current()
+    if d is not None:
+        d.pause()
+
+
 def sleep_until(deadline: float) -> None:
     """Hold the calling device until ``deadline`` (``time.perf_counter``), yielding the host's
     thread to its other devices where they share one."""

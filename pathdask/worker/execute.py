@@ -15,7 +15,7 @@ from ..errors import ReplicationError, ShapeMismatchError
 from ..ops import GangSpec, KernelOp, LoadOp, Op, OutSpec, PutOp, ReshardOp
 from ..sharding import contiguous
 from ..topology import DeviceInfo
-from .driver import current as current_driver
+from .driver import yield_to_others
 from .transfer import Aborted, wait_until
 
 if TYPE_CHECKING:
@@ -104,9 +104,7 @@ def run_op(rt: Host, prog: HostProgram, device: DeviceInfo, op: Op, clock: float
         start = now if clock is None else min(max(clock, now - gang.cost_s) if isinstance(op, KernelOp) else clock, now)
         if isinstance(op, KernelOp):
             assert gang.body is not None
-            driver = current_driver()
-            if driver is not None:  # the host's other devices finish what they were woken for (a collective's
-                driver.pause()      # end, say) before this body's compute holds their shared thread
+            yield_to_others()  # devices woken with this one end their waits before its compute
             ctx = KernelContext(rt, prog, gang, device, op.position)
             with bind(ctx), np.errstate(all="ignore"):
                 values = _check(gang, gang.body(*inputs), op.outputs)
