@@ -17,12 +17,12 @@ event loop, socket receivers) use it as a plain condition. Waits keep their
 semantics: they may wake spuriously, and every caller re-checks in a loop.
 
 Kernel bodies that compute for real (NumPy) run one device at a time on a
-host here; with ``device`` they may overlap where NumPy releases the GIL. A device
-about to run a body yields once first (:func:`yield_to_others`): the devices woken
-with it (at the end of a collective they all waited on, say) end their waits before
-that compute holds the thread. A
-body that blocks for real (``time.sleep``, I/O) holds its host's other devices
-meanwhile: model device time with a function's ``cost=`` instead.
+host here; with ``device`` they may overlap where NumPy releases the GIL. A
+device about to run a body yields once first (:func:`yield_to_others`): the
+devices woken with it (at the end of a collective they all waited on, say) end
+their waits before that compute holds the thread. A body that blocks for real
+(``time.sleep``, I/O) holds its host's other devices meanwhile: model device
+time with a function's ``cost=`` instead.
 """
 
 from __future__ import annotations
