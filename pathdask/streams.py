@@ -26,21 +26,11 @@ from typing import Any
 import dask
 from dask.utils import parse_timedelta
 
+from .compat import flush, set_interval
+
 __all__ = ["flush", "pace"]
-
-
-def flush(stream: Any) -> None:
-    """Send what a ``BatchedSend`` holds now, without waiting out its interval.
-
-    ``next_deadline`` and ``waker`` are the stream's own pacing: its background sender
-    waits on ``waker`` until ``next_deadline``, and sends at once when woken with none.
-    A stream that is not started or already closed is left alone.
-    """
-    if stream is not None and stream.buffer and stream.next_deadline is not None:
-        stream.next_deadline = None
-        stream.waker.set()
 
 
 def pace(stream: Any) -> None:
     """Set a host's stream to the scheduler to batch at ``pathdask.stream-interval``."""
-    stream.interval = parse_timedelta(dask.config.get("pathdask.stream-interval"))
+    set_interval(stream, parse_timedelta(dask.config.get("pathdask.stream-interval")))

@@ -1,0 +1,277 @@
+"""Every use of Dask's private state, in one place.
+
+pathdask rides on Dask's own streams, keys and dashboard. Where no public API
+does what it needs, the private attribute is reached for here, and only here,
+each with a line saying why and which public API would replace it. Nothing
+else in the package touches Dask internals: when a ``distributed`` release
+changes one of them, this module is what to read and mend.
+
+At import it checks the installed ``dask`` and ``distributed`` against the
+versions pathdask was tested with (:data:`TESTED`): an untested release warns
+(:class:`UntestedDaskWarning`), one that lacks an internal used here fails at
+once with :class:`IncompatibleDaskError`, naming what is missing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping
+from importlib.metadata import version
+from typing import TYPE_CHECKING, Any
+
+import distributed
+from distributed import Future
+from distributed.batched import BatchedSend
+
+if TYPE_CHECKING:
+    from distributed import Client, Scheduler, Worker
+
+__all__ = [
+    "TESTED", "IncompatibleDaskError", "UntestedDaskWarning", "check_versions",
+    "flush", "set_interval", "stream_open", "send_to_scheduler", "send_to_worker", "worker_streams_open",
+    "client_send", "new_futures", "create_keys", "keys_exist", "release_keys", "report_erred",
+    "put_data", "dashboard_application", "dashboard_page_parts",
+]
+
+#: the releases pathdask is tested against (pinned in ``pyproject.toml``)
+TESTED = {"dask": ("2026.8.0",), "distributed": ("2026.8.0",)}
+
+
+class IncompatibleDaskError(ImportError):
+    """The installed ``distributed`` lacks an internal pathdask relies on."""
+
+
+class UntestedDaskWarning(UserWarning):
+    """The installed ``dask``/``distributed`` is not a release pathdask was tested with."""
+
+
+# What each internal is and why it is used (checked at import by ``check_versions``).
+_REQUIRED: dict[str, tuple[type, str]] = {
+    # BatchedSend pacing: send pathdask's messages at once instead of waiting out the stream's
+    # interval. Public replacement: a ``BatchedSend.flush()`` (none exists).
+    "BatchedSend._background_send": (BatchedSend, "_background_send"),
+    # Keys made in memory by the scheduler itself, as ``update_data`` does for scattered data,
+    # so that a program call needs no Dask task. Public replacement: none (``scatter`` sends data).
+    "Scheduler.new_task": (distributed.Scheduler, "new_task"),
+    "Scheduler.add_replica": (distributed.Scheduler, "add_replica"),
+    "Scheduler.client_desires_keys": (distributed.Scheduler, "client_desires_keys"),
+    "Scheduler.client_releases_keys": (distributed.Scheduler, "client_releases_keys"),
+    "Scheduler.report": (distributed.Scheduler, "report"),
+    # A call goes on the client's own stream, in order with its graphs and releases.
+    # Public replacement: a stream-handler send on ``distributed.Client`` (none exists).
+    "Client._send_to_scheduler_safe": (distributed.Client, "_send_to_scheduler_safe"),
+}
+
+
+def check_versions() -> None:
+    """Warn for an untested ``dask``/``distributed``; fail for one lacking a used internal."""
+    found = {name: version(name) for name in TESTED}
+    untested = {n: v for n, v in found.items() if v not in TESTED[n]}
+    missing = [what for what, (cls, attr) in _REQUIRED.items() if not hasattr(cls, attr)]
+    if missing:
+        raise IncompatibleDaskError(
+            f"pathdask needs {', '.join(missing)}, which distributed {found['distributed']} lacks. "
+            f"Install a tested release: pip install 'distributed=={TESTED['distributed'][-1]}' "
+            f"'dask=={TESTED['dask'][-1]}'"
+        )
+    if untested:
+        warnings.warn(
+            f"pathdask was tested with dask {'/'.join(TESTED['dask'])} and distributed "
+            f"{'/'.join(TESTED['distributed'])}, not {untested}; it may work, but its use of "
+            "Dask internals (pathdask/compat.py) was not checked against this release",
+            UntestedDaskWarning, stacklevel=2,
+        )
+
+
+check_versions()
+
+
+# -- batched streams ----------------------------------------------------------------
+def flush(stream: BatchedSend | None) -> None:
+    """Send what a ``BatchedSend`` holds now, without waiting out its interval.
+
+    ``next_deadline`` and ``waker`` are the stream's own pacing: its background sender
+    waits on ``waker`` until ``next_deadline``, and sends at once when woken with none.
+    A stream that is not started or already closed is left alone.
+    Public replacement: a ``BatchedSend.flush()`` (none exists).
+    """
+    if stream is not None and stream.buffer and stream.next_deadline is not None:
+        stream.next_deadline = None
+        stream.waker.set()
+
+
+def set_interval(stream: BatchedSend, seconds: float) -> float:
+    """Set how long a ``BatchedSend`` batches; returns the interval it had.
+    ``interval`` is a plain attribute with no setter; public replacement: none."""
+    old = float(stream.interval)
+    stream.interval = seconds
+    return old
+
+
+def stream_open(stream: BatchedSend) -> bool:
+    """Whether a ``BatchedSend`` is connected: ``send`` raises on a closed one, and
+    ``comm`` is the only place that tells. Public replacement: a ``closed()`` on BatchedSend."""
+    comm = stream.comm
+    return comm is not None and not comm.closed()
+
+
+def worker_stream(worker: Worker) -> BatchedSend:
+    """A worker's stream to the scheduler. ``batched_stream`` is public in use but
+    undocumented; public replacement: none."""
+    return worker.batched_stream
+
+
+def send_to_scheduler(worker: Worker, msg: dict[str, Any]) -> bool:
+    """Send ``msg`` on a worker's stream to the scheduler, at once; ``False`` if the stream
+    is down (the worker is reconnecting or closing)."""
+    stream = worker.batched_stream
+    if not stream_open(stream):
+        return False
+    stream.send(msg)
+    flush(stream)
+    return True
+
+
+def send_to_worker(scheduler: Scheduler, address: str, msg: dict[str, Any], now: bool = True) -> bool:
+    """Send ``msg`` on the scheduler's stream to worker ``address``; ``False`` if it has none.
+
+    ``stream_comms`` is the scheduler's table of batched streams to workers;
+    ``Scheduler.send_all`` would do, but silently drops messages to a gone worker.
+    Public replacement: a ``send_to_worker`` that reports a missing stream (none exists).
+    """
+    stream = scheduler.stream_comms.get(address)
+    if stream is None:
+        return False
+    stream.send(msg)
+    if now:
+        flush(stream)
+    return True
+
+
+def worker_streams_open(scheduler: Scheduler) -> set[str]:
+    """The workers the scheduler has a stream to (``stream_comms``; see ``send_to_worker``)."""
+    return set(scheduler.stream_comms)
+
+
+def client_send(client: Client, msg: dict[str, Any]) -> None:
+    """Put ``msg`` on a Dask client's stream to the scheduler and send it at once.
+
+    Straight onto the stream, as Dask's own queued messages go
+    (``_send_to_scheduler_safe``), so it stays in order with the client's graphs and
+    releases; ``scheduler_comm`` is that stream. Public replacement: none.
+    """
+    client._send_to_scheduler_safe(msg)
+    flush(client.scheduler_comm)
+
+
+def new_futures(client: Client, keys: Iterable[Any]) -> list[Future]:
+    """Futures of keys the scheduler will create itself, made as ``Client`` makes a graph's:
+    under ``_refcount_lock``, before the message that creates them goes, so that the
+    scheduler's reports on them find them. Public replacement: none."""
+    with client._refcount_lock:
+        return [Future(k, client) for k in keys]
+
+
+# -- keys made by the scheduler -------------------------------------------------------
+def keys_exist(scheduler: Scheduler, keys: Iterable[Any]) -> list[Any]:
+    """Those of ``keys`` the scheduler holds a task for (``Scheduler.tasks``, public in use)."""
+    return [k for k in keys if k in scheduler.tasks]
+
+
+def create_keys(scheduler: Scheduler, client: str, keys: Mapping[str, Iterable[Any]], nbytes: int) -> None:
+    """Create ``keys`` (worker address -> keys) in memory on their workers, desired by ``client``.
+
+    As ``Scheduler.update_data`` does for scattered data, without the data: ``new_task``
+    in state ``memory``, ``set_nbytes``, ``add_replica`` and ``client_desires_keys`` (which
+    reports them in memory to the client). Public replacement: none.
+    """
+    made = []
+    for address, some in keys.items():
+        ws = scheduler.workers[address]
+        for key in some:
+            ts = scheduler.new_task(key, None, "memory")
+            ts.set_nbytes(nbytes)
+            scheduler.add_replica(ts, ws)
+            made.append(key)
+    scheduler.client_desires_keys(keys=made, client=client)
+
+
+def release_keys(scheduler: Scheduler, client: str, keys: list[Any], stimulus_id: str) -> None:
+    """The client lets go of keys it never got values for (``client_releases_keys``, the
+    handler behind a client's ``client-releases-keys`` message). Public replacement: none."""
+    made = keys_exist(scheduler, keys)
+    if made:
+        scheduler.client_releases_keys(keys=made, client=client, stimulus_id=stimulus_id)
+
+
+def report_erred(scheduler: Scheduler, client: str, keys: Iterable[Any], error: Mapping[str, Any]) -> None:
+    """Tell ``client`` that ``keys`` erred with ``error`` (``error_message``), as Dask reports
+    a failed task (``Scheduler.report``). Public replacement: none."""
+    for key in keys:
+        scheduler.report({"op": "task-erred", "key": key, "exception": error["exception"],
+                          "traceback": error["traceback"]}, client=client)
+
+
+def put_data(worker: Worker, data: dict[Any, object], stimulus_id: str) -> None:
+    """Put values in a worker's data, as one Dask state-machine event (``Worker.update_data``,
+    the handler behind ``scatter``). Public replacement: none for a worker's own call."""
+    worker.update_data(data=data, stimulus_id=stimulus_id)
+
+
+# -- the dashboard ----------------------------------------------------------------------
+def dashboard_application(scheduler: Scheduler) -> Any:
+    """Dask's Bokeh application on this scheduler (``http_application.applications``), or
+    ``None`` without a dashboard. Public replacement: none."""
+    try:
+        from bokeh.server.server import BokehTornado
+    except ImportError:
+        return None
+    for app in getattr(getattr(scheduler, "http_application", None), "applications", ()):
+        if isinstance(app, BokehTornado):
+            return app
+    return None
+
+
+def add_bokeh_application(scheduler: Scheduler, pages: dict[str, Any], prefix: str,
+                          extra_plots: list[dict[str, str]]) -> Any:
+    """Serve Bokeh ``pages`` on the scheduler's HTTP server, listed in the "More..." menu.
+
+    Dask's ``applications`` mapping is read only when the server starts, so the pages
+    get a ``BokehApplication`` of their own, as ``distributed.dashboard.scheduler.connect``
+    makes Dask's; ``template_variables`` is the (memoized) dict Dask's pages render with.
+    Public replacement: a dashboard page registry (none exists).
+    """
+    from distributed.dashboard.core import BokehApplication
+    from distributed.dashboard.scheduler import template_variables
+    from tornado.ioloop import IOLoop
+
+    variables = template_variables(scheduler)
+    listed = {p["url"] for p in variables["plots"]}
+    variables["plots"].extend(p for p in extra_plots if p["url"] not in listed)
+    variables["plots"].sort(key=lambda p: p["name"])
+    app = BokehApplication(pages, scheduler, prefix=prefix, template_variables=variables)
+    scheduler.http_application.add_application(app)
+    app.initialize(IOLoop.current())
+    app.start()
+    return app
+
+
+def add_http_handlers(scheduler: Scheduler, handlers: list[Any]) -> bool:
+    """Add tornado handlers to the scheduler's HTTP application; ``False`` if it serves none.
+    ``http_application`` is the scheduler's tornado app; public replacement: ``distributed.http``
+    routes are registered only by module name in config, before start."""
+    app = getattr(scheduler, "http_application", None)
+    if app is None:
+        return False
+    app.add_handlers(r".*", handlers)
+    return True
+
+
+def dashboard_page_parts() -> tuple[Any, Any, Any]:
+    """``(add_periodic_callback, BOKEH_THEME, env)``: what Dask's own pages are built with
+    (``distributed.dashboard.components``). Public replacement: none."""
+    from distributed.dashboard.components import add_periodic_callback
+    from distributed.dashboard.components.scheduler import BOKEH_THEME, env
+
+    return add_periodic_callback, BOKEH_THEME, env
+
