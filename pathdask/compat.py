@@ -212,10 +212,10 @@ def report_erred(scheduler: Scheduler, client: str, keys: Iterable[Any], error: 
                           "traceback": error["traceback"]}, client=client)
 
 
-def put_data(worker: Worker, data: dict[Any, object], stimulus_id: str) -> None:
+def put_data(worker: Worker, data: Mapping[Any, object], stimulus_id: str) -> None:
     """Put values in a worker's data, as one Dask state-machine event (``Worker.update_data``,
     the handler behind ``scatter``). Public replacement: none for a worker's own call."""
-    worker.update_data(data=data, stimulus_id=stimulus_id)
+    worker.update_data(data=dict(data), stimulus_id=stimulus_id)
 
 
 # -- the dashboard ----------------------------------------------------------------------

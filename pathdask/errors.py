@@ -19,6 +19,7 @@ __all__ = [
     "MeshError",
     "PipelineError",
     "PlanMissingError",
+    "ProtocolError",
     "ReplicationError",
     "ShapeMismatchError",
     "ShardingError",
@@ -94,3 +95,8 @@ class UnfusedGraphError(RuntimeError):
 
 class ArrayLostError(DeviceLostError):
     """Every copy of some block of an array was on devices that are gone; it cannot be recovered."""
+
+
+class ProtocolError(RuntimeError):
+    """A pathdask message that is unknown, sent on the wrong route or missing fields
+    (``pathdask/protocol.py``); it names the message and its sender."""

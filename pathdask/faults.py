@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .core.host import Raise
 from .errors import DispatchError
 
 __all__ = ["fail_next_call", "fail_next_dispatch"]
@@ -14,14 +15,15 @@ __all__ = ["fail_next_call", "fail_next_dispatch"]
 
 def fail_next_dispatch(dask_worker: Any) -> None:
     """The next dispatch on this worker's host fails; the program must still end on every host."""
-    rt = dask_worker.plugins["pathdask"]
-    real = rt.dispatch
+    core = dask_worker.plugins["pathdask"].core
+    real = core.dispatch
 
-    def failing(*args: Any, **kwargs: Any) -> Any:
-        rt.dispatch = real
-        raise DispatchError(f"injected fault: the dispatch on host {rt.address} failed")
+    def failing(pid: str, *args: Any, **kwargs: Any) -> Any:
+        core.dispatch = real
+        error = DispatchError(f"injected fault: the dispatch on host {core.address} failed")
+        return [*core.drop_program(pid, error), Raise(error)]
 
-    rt.dispatch = failing
+    core.dispatch = failing
 
 
 def fail_next_call(dask_scheduler: Any) -> None:

@@ -17,9 +17,9 @@ import xarray as xr
 import pathdask as pw
 from pathdask import P
 from pathdask.bench.dashboard import Tenant, Workload, step
+from pathdask.core.bounded import newest
 from pathdask.dashboard.record import ActivityRecord
 from pathdask.dashboard.views import VIEWS
-from pathdask.worker.bounded import newest
 
 from .conftest import SMALL, assert_clean
 

@@ -17,6 +17,7 @@ import pytest
 import pathdask as pw
 from pathdask import P
 from pathdask.faults import fail_next_call, fail_next_dispatch
+from pathdask.protocol import Dispatch, Order
 
 from .conftest import SMALL, assert_clean
 
@@ -118,14 +119,15 @@ def _hold_dispatch(client: pw.Client, addr: str) -> None:
     """The next call that reaches ``addr`` waits there until ``_release_dispatch``."""
 
     def hold(dask_worker: Any) -> None:
-        real, held = dask_worker.stream_handlers["pathdask-dispatch"], []
+        rt = dask_worker.plugins["pathdask"]
+        real, held = rt.handlers[Dispatch], []
 
-        def holding(**msg: Any) -> None:
-            dask_worker.stream_handlers["pathdask-dispatch"] = real
+        def holding(msg: Dispatch) -> None:
+            rt.handlers[Dispatch] = real
             held.append(msg)
 
-        dask_worker.plugins["pathdask"].test_release = lambda: [real(**msg) for msg in held]
-        dask_worker.stream_handlers["pathdask-dispatch"] = holding
+        rt.test_release = lambda: [real(msg) for msg in held]
+        rt.handlers[Dispatch] = holding
 
     _on_worker(client, addr, hold)
 
@@ -169,20 +171,20 @@ def test_a_delayed_order_message_only_delays_and_a_timeout_says_what_waits(fsyst
 
         def hold_orders(dask_scheduler: Any, addr: str = slow) -> None:
             plugin = dask_scheduler.plugins["pathdask"]
-            real, held = plugin._tell, []
+            real, held = plugin.tell, []
 
-            def tell(to: str, msg: dict[str, Any]) -> bool:
-                if to == addr and msg["op"] == "pathdask-order" and plugin.test_holding:
+            def tell(to: str, msg: Order, now: bool = True) -> bool:
+                if to == addr and isinstance(msg, Order) and plugin.test_holding:
                     held.append(msg)
                     return True
-                return real(to, msg)
+                return real(to, msg, now)
 
             def release() -> None:
                 plugin.test_holding = False
                 for msg in held:
                     real(addr, msg)
 
-            plugin.test_holding, plugin._tell, plugin.test_release = True, tell, release
+            plugin.test_holding, plugin.tell, plugin.test_release = True, tell, release
 
         client.dask.run_on_scheduler(hold_orders)
         y = plus_sum(x)
@@ -192,7 +194,7 @@ def test_a_delayed_order_message_only_delays_and_a_timeout_says_what_waits(fsyst
         client.dask.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["pathdask"].test_release())
         np.testing.assert_array_equal(y.result(timeout=30), np.full(4, 5.0))
         client.dask.run_on_scheduler(
-            lambda dask_scheduler: delattr(dask_scheduler.plugins["pathdask"], "_tell"))
+            lambda dask_scheduler: delattr(dask_scheduler.plugins["pathdask"], "tell"))
         del x, y
     assert_clean(fsystem)
 

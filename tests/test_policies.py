@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathdask.scheduler.order import IslandScheduler, Submission, make_policy
+from pathdask.core.order import IslandScheduler, Submission, make_policy
 
 
 def sub(pid, client, devices=(0, 1), cost=1.0, deps=()):

@@ -31,7 +31,7 @@ async def _host_loop(plans: dict[str, Any], inputs: tuple[tuple[str, int], ...],
     prev: str | None = None
     for i in range(iterations):
         pid = f"{tag}-{i}"
-        rt.register(pid, plan, inputs, tag, enqueue=True)
+        rt.register(pid, plan, inputs, tag)
         if prev is not None:
             rt.release_output(prev, 0)  # the next program's readers keep it alive
         inputs, prev = ((pid, output_vid),), pid

@@ -3,7 +3,7 @@
 A call of a program whose plans its hosts already hold needs no graph and no
 Dask task: the scheduler plugin creates the call's output keys itself, in
 memory on the hosts that own their buffers, and forwards the call to those
-hosts on its streams to them (``scheduler/calls.py``). So the message carries
+hosts on its streams to them (``PathwaysScheduler.call``). So the message carries
 only what changes from call to call:
 
 - the program id, and per host the id of the plan it runs there;
@@ -28,15 +28,12 @@ from typing import Any
 from ..ops import HostPlan
 from .lowering import _annotation, _output_keys
 
-__all__ = ["CALL_OP", "build_call"]
-
-#: the stream op of a call (``PathwaysScheduler.call``)
-CALL_OP = "pathdask-call"
+__all__ = ["build_call"]
 
 
 def build_call(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, int], ...]
                ) -> tuple[dict[str, Any], list[Any], dict[int, dict[str, Any]]]:
-    """The call (one entry of a :data:`CALL_OP` message's ``calls``), every key it creates,
+    """The call (one entry of a ``protocol.Calls`` record's ``calls``), every key it creates,
     and the output keys per output and host.
 
     Every plan must be cached on its host already (it has an id).

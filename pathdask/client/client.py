@@ -19,17 +19,18 @@ from distributed import Client as DaskClient
 from distributed import Future
 from distributed.protocol import to_serialize
 
+from ..compat import client_send, new_futures
 from ..diagnosis import Diagnosis
 from ..errors import ClientClosedError, DeviceLostError, MeshError, ShardingError
 from ..gather import gather, raise_reply_error
 from ..mesh import Mesh, check_shape
 from ..ops import PLANS_PER_CLIENT, GangSpec, HostPlan, OutSpec, PutOp
+from ..protocol import AllocateMesh, Calls, ask, encode
 from ..sharding import Sharding
 from ..spec import PartitionSpec
-from ..streams import flush
 from ..topology import DeviceId, DeviceInfo, Topology
 from .array import ShardedArray
-from .calls import CALL_OP, build_call
+from .calls import build_call
 from .fetch import HOST_CHECK_AFTER, HostSockets, Unreachable
 from .lowering import build_graph, build_sequential_graph, lower
 from .program import Program
@@ -132,9 +133,7 @@ class Client:
         """
         check_shape(shape)
         hints = {"devices": devices, "exclude": exclude, "placement": placement}
-        reply = self.dask.sync(
-            self.dask.scheduler.pathdask_mesh, client=self.id, shape=dict(shape), island=island, hints=hints
-        )
+        reply = self.dask.sync(ask, self.dask.scheduler, AllocateMesh(self.id, dict(shape), island, hints))
         if "error" in reply:
             raise_reply_error(reply["error"])
         infos = [DeviceInfo(DeviceId(i), isl, h, ix, addr) for i, isl, h, ix, addr in reply["devices"]]
@@ -357,7 +356,7 @@ class Client:
             graph, keys, out_keys = build_sequential_graph(pid, program, plans, inputs, self.id, arg_keys)
         else:
             self._send_plans(plans)
-            if self._calls and all(p.id for p in plans.values()):
+            if all(p.id for p in plans.values()):
                 call, keys, out_keys = build_call(pid, plans, inputs)
                 by_key = dict(zip(keys, self._send_call(call, keys, keepalive)))
                 return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
@@ -377,18 +376,17 @@ class Client:
         are kept until it is sent: a release sent after it reaches the hosts after it.
         """
         dc = self.dask
-        with dc._refcount_lock:
-            futures: list[Future] = [Future(k, dc) for k in keys]
-            with self._lock:
-                for a in reads:
-                    a._readers += 1
-                self._waiting_calls.append((call, reads))
-                first = len(self._waiting_calls) == 1
-            if first:
-                # Queued as Dask queues each message it sends: before anything sent after this
-                # call (a graph, the release of one of these keys), which the flush thus precedes.
-                assert dc.loop is not None
-                dc.loop.add_callback(self._flush_calls)
+        futures: list[Future] = new_futures(dc, keys)
+        with self._lock:
+            for a in reads:
+                a._readers += 1
+            self._waiting_calls.append((call, reads))
+            first = len(self._waiting_calls) == 1
+        if first:
+            # Queued as Dask queues each message it sends: before anything sent after this
+            # call (a graph, the release of one of these keys), which the flush thus precedes.
+            assert dc.loop is not None
+            dc.loop.add_callback(self._flush_calls)
         return futures
 
     def _flush_calls(self) -> None:
@@ -403,8 +401,7 @@ class Client:
         if not waiting:
             return
         try:
-            self.dask._send_to_scheduler_safe({"op": CALL_OP, "calls": [call for call, _ in waiting]})
-            flush(self.dask.scheduler_comm)
+            client_send(self.dask, encode(Calls([call for call, _ in waiting])))
         finally:  # sent, or never to be: either way no host will count these reads later
             self._unread([a for _, reads in waiting for a in reads])
 

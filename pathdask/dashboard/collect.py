@@ -19,11 +19,12 @@ import dask
 from dask.utils import parse_timedelta
 from tornado.ioloop import PeriodicCallback
 
+from ..protocol import HostActivity
 from .record import ActivityRecord
 
 logger = logging.getLogger("pathdask.dashboard")
 
-Ask = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+Ask = Callable[[HostActivity], Awaitable[dict[str, Any]]]
 
 
 class Collector:
@@ -33,7 +34,7 @@ class Collector:
     ----------
     ask : callable
         Sends a message to every live host and returns their replies by address
-        (the scheduler plugin's broadcast).
+        (the scheduler plugin's ``ask_hosts``).
     """
 
     def __init__(self, ask: Ask) -> None:
@@ -77,8 +78,7 @@ class Collector:
 
     async def _pull_once(self) -> None:
         try:
-            message = {"op": "pathdask_activity", "cursors": self.record.cursor_message(),
-                       "limit": self.record.gangs.maxlen}
+            message = HostActivity(self.record.cursor_message(), self.record.gangs.maxlen or 0)
             self.record.add(await self.ask(message))
         except Exception:  # a pull that fails leaves the record as it was; the next one retries
             logger.exception("pathdask: pulling device activity from the hosts failed")

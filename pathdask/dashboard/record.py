@@ -11,8 +11,8 @@ import time
 from collections import deque
 from typing import Any
 
+from ..core.bounded import newest
 from ..topology import LINK_CLASSES
-from ..worker.bounded import newest
 
 #: the fields of one recorded gang, in order (times are wall-clock seconds)
 COLUMNS = ("device", "start", "end", "program", "gang", "client", "bytes_in", "bytes_out", "name")

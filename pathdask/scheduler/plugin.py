@@ -1,9 +1,12 @@
-"""``PathwaysScheduler``: the scheduler plugin, registered under the name ``"pathdask"``.
+"""``PathwaysScheduler``: the scheduler plugin, registered under the name ``"pathdask"`` (an adapter).
 
-It holds the resource manager and the island scheduler, installs the
-:class:`~pathdask.worker.runtime.HostRuntime` worker plugin on every worker,
-and serves the ``pathdask_*`` handlers. Programs are slotted in its
-``update_graph`` hook, from the ``pathdask`` annotation of their graph.
+It turns Dask's messages, hooks and handlers into events for the scheduler's
+pure core (:class:`~pathdask.core.island.SchedulerCore`: intake, slotting,
+policies, program ends, lost hosts, closed clients) and carries out the
+instructions that come back: records to hosts on the scheduler's streams, a
+call's parts forwarded, keys made or failed. It also holds the resource manager
+and installs the :class:`~pathdask.worker.runtime.HostRuntime` worker plugin on
+every worker. Its observation half is :class:`~pathdask.scheduler.answers.SchedulerAnswers`.
 """
 
 from __future__ import annotations
@@ -23,15 +26,52 @@ from distributed.core import clean_exception, error_message
 from distributed.protocol import Serialized, deserialize, to_serialize
 from distributed.protocol.pickle import dumps
 
-from ..errors import DeviceLostError, DispatchError
+from ..compat import create_keys, keys_exist, release_keys, report_erred, send_to_worker
+from ..core.island import FailKeys, Forward, Instruction, Progress, SchedulerCore, Send, SendAll, call_keys
+from ..core.order import make_policy
+from ..dashboard import install
+from ..dashboard.collect import Collector
+from ..errors import DeviceLostError, ProtocolError
 from ..ops import as_key, dispatched_program
-from ..streams import flush
+from ..protocol import (
+    SCHEDULER,
+    STREAM_OP,
+    AllocateMesh,
+    Calls,
+    Diagnose,
+    Dispatch,
+    DispatchFailed,
+    HostFailed,
+    HostLeaving,
+    HostsGone,
+    Info,
+    Message,
+    Order,
+    ProgramDone,
+    RegisterClient,
+    RegisterHost,
+    ReleaseSlice,
+    ResetObservations,
+    Stats,
+    StreamByRpc,
+    Suspended,
+    SuspendOnInterruption,
+    Trace,
+    Transfers,
+    TransportOf,
+    WaitHostGone,
+    WaitHosts,
+    WaitIdle,
+    ask,
+    encode,
+    serve,
+    stream_handler,
+)
 from ..topology import Topology
-from ..worker.links import add_stats
 from ..worker.peers import TOKEN_BYTES
-from .calls import CALL_SLICE, call_keys, create_outputs, supported
+from ..worker.runtime import HostRuntime
+from .answers import SchedulerAnswers
 from .interruptions import TOPIC, Interruptions
-from .order import IslandScheduler, Submission, make_policy
 from .resources import ResourceManager
 
 if TYPE_CHECKING:
@@ -39,31 +79,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("pathdask.scheduler")
 
-HANDLERS = (
-    "pathdask_register_host",
-    "pathdask_transport_of",
-    "pathdask_hosts_gone",
-    "pathdask_host_failed",
-    "pathdask_register_client",
-    "pathdask_info",
-    "pathdask_mesh",
-    "pathdask_release_slice",
-    "pathdask_stats",
-    "pathdask_diagnose",
-    "pathdask_wait_hosts",
-    "pathdask_host_leaving",
-    "pathdask_suspend_on_interruption",
-    "pathdask_suspended",
-    "pathdask_wait_host_gone",
-    "pathdask_wait_idle",
-    "pathdask_timeline",
-    "pathdask_reset_observations",
-    "pathdask_trace",
-    "pathdask_transfers",
-)
+#: seconds of taking in calls of one message after which the calls taken in go to their hosts
+CALL_SLICE = 1e-3
+
+#: the modelled size of an output key's value (a handle; the data stays on the devices)
+HANDLE_NBYTES = 64
 
 
-class PathwaysScheduler(SchedulerPlugin):
+class PathwaysScheduler(SchedulerAnswers, SchedulerPlugin):
     """The control plane of pathdask. See the module docstring.
 
     Parameters
@@ -88,23 +111,18 @@ class PathwaysScheduler(SchedulerPlugin):
         self.policy = policy or dask.config.get("pathdask.policy", "fifo")
         make_policy(self.policy)  # an unknown name fails here, where the system is configured
 
-    async def start(self, scheduler: Scheduler) -> None:
-        from ..dashboard import Collector, install
-        from ..worker.runtime import HostRuntime
-
+    async def start(self, scheduler: Scheduler, **kwargs: Any) -> None:
         self.scheduler = scheduler
+        self.core = SchedulerCore(self.policy, ordering=self.ordering)
         self.resources = ResourceManager(self.topology)
         self.interruptions = Interruptions(scheduler, self.resources)
         #: address -> the suspend its retirement started (``log_event``)
         self.leaving: dict[str, asyncio.Future[list[str]]] = {}
         self._leaving_locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Future[Any]] = set()  # background work, held until done
-        self.order = IslandScheduler(self.policy)
         self.clients: dict[str, dict[str, Any]] = {}
         self.hosts_changed = asyncio.Condition()
         self.host_failures: dict[str, dict[str, Any]] = {}  # address -> error_message
-        #: output key -> (address of the host it owns buffers on, program, output index)
-        self.output_owners: dict[Any, tuple[str, str, int]] = {}
         #: the secret hosts present to each other on the socket transport (sent over Dask comms)
         self.transport_token = secrets.token_bytes(TOKEN_BYTES)
         #: host address -> where its socket transport listens, as the host reported it (hosts
@@ -112,23 +130,49 @@ class PathwaysScheduler(SchedulerPlugin):
         self.transports: dict[str, str] = {}
         self.progress = asyncio.Event()  # set whenever the order changed (programs slotted or ended)
         #: the record of device activity that the dashboard and traces read
-        self.activity = Collector(self._ask_quietly)
-        for name in HANDLERS:
-            scheduler.handlers[name] = getattr(self, name[len("pathdask_"):])
-        scheduler.stream_handlers["pathdask-program-done"] = self.program_done
-        scheduler.stream_handlers["pathdask-call"] = self.call
-        scheduler.stream_handlers["pathdask-dispatch-failed"] = self.dispatch_failed
-        await scheduler.register_worker_plugin(
-            None, dumps(HostRuntime()), name="pathdask", idempotent=False
-        )
+        self.activity = Collector(self.ask_hosts)
+        serve(scheduler.handlers, SCHEDULER, {
+            RegisterHost: lambda m: self.register_host(m.address, m.requested, m.transport),
+            TransportOf: lambda m: self.transport_of(m.host),
+            HostsGone: lambda m: self.hosts_gone(m.hosts),
+            HostFailed: lambda m: self.host_failed(m.address, m.error),
+            RegisterClient: lambda m: self.register_client(m.client, m.name, m.weight),
+            Info: lambda m: self.info(),
+            AllocateMesh: lambda m: self.mesh(m.client, m.shape, m.island, m.hints),
+            ReleaseSlice: lambda m: self.resources.release(m.slice_id),
+            Stats: lambda m: self.stats(),
+            Diagnose: lambda m: self.diagnose(),
+            WaitHosts: lambda m: self.wait_hosts(m.n, m.timeout),
+            HostLeaving: lambda m: self.host_leaving(m.address),
+            SuspendOnInterruption: lambda m: self.suspend_on_interruption(m.client),
+            Suspended: lambda m: self.interruptions.suspended(m.client, m.host, m.error),
+            WaitHostGone: lambda m: self.wait_host_gone(m.address),
+            WaitIdle: lambda m: self.wait_idle(m.timeout),
+            ResetObservations: lambda m: self.reset_observations(),
+            Trace: lambda m: self.trace(m.timeout),
+            Transfers: lambda m: self.transfers(),
+        })
+        #: the handlers of stream records, by type (tests may wrap one)
+        self.handlers: dict[type[Message], Any] = {
+            Calls: self.call,
+            ProgramDone: lambda worker, m: self.apply(self.core.program_done(worker, m.pid)),
+            DispatchFailed: lambda worker, m: self.apply(self.core.dispatch_failed(worker, m.pid, m.error,
+                                                                                   m.cause)),
+        }
+        scheduler.stream_handlers[STREAM_OP] = stream_handler(SCHEDULER, self.handlers, self._protocol_error)
+        await scheduler.register_worker_plugin(None, dumps(HostRuntime()), name="pathdask", idempotent=False)
         self.activity.start()
         install(scheduler)
 
-    async def before_close(self) -> None:
+    async def before_close(self, **kwargs: Any) -> None:
         if hasattr(self, "activity"):
             self.activity.stop()
 
     close = before_close
+
+    def _protocol_error(self, error: ProtocolError) -> None:
+        logger.error("pathdask: %s", error)
+        self.scheduler.log_event("pathdask-protocol-error", {"error": str(error)})
 
     # -- planned interruptions (``interruptions.py``) ---------------------------------
     async def host_leaving(self, address: str) -> list[str]:
@@ -139,7 +183,7 @@ class PathwaysScheduler(SchedulerPlugin):
             return await self.interruptions.host_leaving(address)
         return list(await asyncio.shield(leaving))
 
-    def log_event(self, topic: str, msg: Any) -> None:
+    def log_event(self, topic: str, msg: Any, **kwargs: Any) -> None:
         """Dask's event hook: a host going to ``closing_gracefully`` (``retire_workers``)
         starts its clients' suspend now, while its buffers are all still there."""
         if (isinstance(msg, dict) and msg.get("action") == "worker-status-change"
@@ -167,7 +211,7 @@ class PathwaysScheduler(SchedulerPlugin):
             self.transports.pop(address, None)
         else:  # a host restarted on its old address has a new one
             self.transports[address] = transport
-        self._tell_all({"op": "pathdask-host-joined", "host": address, "transport": transport}, but=address)
+        self.apply(self.core.host_joined(address, transport))
         await self._hosts_changed()
         logger.info("pathdask: %s is island %d host %d", address, rec.island, rec.host)
         return {
@@ -192,6 +236,7 @@ class PathwaysScheduler(SchedulerPlugin):
         """A worker's host runtime could not start; waiters learn it at once, with its error."""
         logger.error("pathdask: the host runtime on %s failed to start: %s", address, error.get("exception_text"))
         self.resources.remove_host(address)
+        self.core.hosts.discard(address)
         self.transports.pop(address, None)
         self.host_failures[address] = error
         await self._hosts_changed()
@@ -238,61 +283,51 @@ class PathwaysScheduler(SchedulerPlugin):
         """
         leaving = self.leaving.get(worker)
         if leaving is not None:
-            return self._remove_after(leaving, scheduler, worker)
-        self._remove_host(scheduler, worker)
+            return self._remove_after(leaving, worker)
+        self._remove_host(worker)
         return None
 
-    async def _remove_after(self, leaving: asyncio.Future[Any], scheduler: Scheduler, worker: str) -> None:
+    async def _remove_after(self, leaving: asyncio.Future[Any], worker: str) -> None:
         for pid in self._stranded(worker):  # fail these now: a suspend must not wait for them
             reason = f"host {worker} retired before program {pid} was dispatched there"
-            self._end_program(pid, reason, to_serialize(DeviceLostError(reason)))
+            self.apply(self.core.end_program(pid, reason, to_serialize(DeviceLostError(reason))))
         with contextlib.suppress(Exception):
             await asyncio.shield(leaving)
         self.leaving.pop(worker, None)
         self._leaving_locks.pop(worker, None)
-        self._remove_host(scheduler, worker)
+        self._remove_host(worker)
 
-    def _remove_host(self, scheduler: Scheduler, worker: str) -> None:
+    def _remove_host(self, worker: str) -> None:
         self.transports.pop(worker, None)
         rec = self.resources.remove_host(worker)
         if rec is None:
             return
         asyncio.ensure_future(self._hosts_changed())  # wakes clients waiting on it (wait_host_gone)
-        self._tell_all({"op": "pathdask-host-lost", "host": worker})  # its peers stop sending to it
-        affected = [s for s in self.order.inflight.values() if worker in s.hosts]
-        waiting, slotted = self.order.host_lost(worker)
-        affected += waiting
-        if affected and scheduler.status.name == "running":
-            reason = (f"host {worker} (island {rec.island}, host {rec.host}, devices "
-                      f"{[d.id for d in rec.devices]}) left the cluster while this program used it")
-            logger.warning("pathdask: %s; failing %d program(s)", reason, len(affected))
-            per_host: dict[str, list[str]] = {}
-            for s in affected:
-                for addr in s.hosts:
-                    per_host.setdefault(addr, []).append(s.pid)
-            for addr, pids in per_host.items():
-                if addr != worker:
-                    self._drop(pids, [addr], reason, worker)
-        else:
-            logger.info("pathdask: host %s left; its devices are gone", worker)
-        self._send_orders(slotted)
+        describe = f"island {rec.island}, host {rec.host}, devices {[d.id for d in rec.devices]}"
+        self.apply(self.core.host_lost(worker, describe, failing=self.scheduler.status.name == "running"))
+
+    def _stranded(self, worker: str) -> list[str]:
+        """Programs whose dispatch task for ``worker`` had not run when Dask began to remove it:
+        Dask took the task off it, so they can never end there."""
+        return [pid for ts in self.scheduler.tasks.values()
+                if (pid := dispatched_program(ts.key)) is not None
+                and ts.state != "memory" and worker in (ts.worker_restrictions or ())]
 
     # -- clients -------------------------------------------------------------
     def register_client(self, client: str, name: str, weight: float = 1.0) -> dict[str, Any]:
         self.clients[client] = {"name": name, "weight": weight}
+        self.core.client_joined(client, weight)
         self.activity.record.name_client(client, name)
         # the hosts' transports and their token: the client fetches results there (client/fetch.py)
-        return {**self.info(), "calls": supported(self.scheduler), "transport_token": self.transport_token,
-                "transports": dict(self.transports)}
+        return {**self.info(), "transport_token": self.transport_token, "transports": dict(self.transports)}
 
-    def remove_client(self, scheduler: Scheduler, client: str) -> None:
+    def remove_client(self, scheduler: Scheduler, client: str, **kwargs: Any) -> None:
         if client not in self.clients:
             return
         del self.clients[client]
         self._background(self.interruptions.forget(client))
         self.resources.release_client(client)
-        self._send_orders(self.order.drop_client(client))
-        self._tell_all({"op": "pathdask-drop-client", "client": client})
+        self.apply(self.core.client_closed(client))
 
     def info(self) -> dict[str, Any]:
         return {
@@ -303,7 +338,6 @@ class PathwaysScheduler(SchedulerPlugin):
             "order": self.order.info(),
         }
 
-    # -- meshes ----------------------------------------------------------------
     def mesh(self, client: str, shape: dict[str, int], island: int | None = None,
              hints: dict[str, Any] | None = None) -> dict[str, Any]:
         try:
@@ -312,35 +346,15 @@ class PathwaysScheduler(SchedulerPlugin):
             return {"error": error_message(e)}
         return {"slice": sl.id, "devices": [(d.id, d.island, d.host, d.index, d.address) for d in devices]}
 
-    def release_slice(self, slice_id: str) -> None:
-        self.resources.release(slice_id)
-
     # -- programs --------------------------------------------------------------
     def update_graph(self, scheduler: Scheduler, *, client: str, annotations: dict[str, dict[Any, Any]],
                      **kwargs: Any) -> None:
-        """Slot each pathdask program in a new graph, before any of its tasks is sent out.
-
-        The graph's ``pathdask`` annotation carries the program id, the devices it
-        uses per host, and which host each output key owns buffers on.
-        """
+        """Slot each pathdask program of a graph (sequential dispatch), before any of its tasks
+        is sent out, from the graph's ``pathdask`` annotation."""
         for info in {a["pid"]: a for a in annotations.get("pathdask", {}).values()}.values():
-            self._submit(client, info)
+            self.apply(self.core.submit(client, info))
 
-    def _submit(self, client: str, info: dict[str, Any]) -> None:
-        """Slot a program from its ``pathdask`` annotation (``lowering._annotation``)."""
-        for key, addr, j in info["outputs"]:
-            self.output_owners[as_key(key)] = (addr, info["pid"], j)
-        sub = Submission(info["pid"], client, info["hosts"], info.get("cost", 0.0),
-                         frozenset(info.get("deps", ())))
-        gone = sorted(set(sub.hosts) - set(self.resources.hosts))
-        if gone:  # planned for a host that has left since: it fails at once, on every live host
-            self._drop([sub.pid], [a for a in sub.hosts if a not in gone],
-                       f"host(s) {gone} left the cluster before this program was slotted", gone[0])
-            return
-        weight = self.clients.get(client, {}).get("weight", 1.0)
-        self._send_orders(self.order.submit(sub, weight))
-
-    async def call(self, client: str, calls: list[dict[str, Any]]) -> None:
+    async def call(self, client: str, msg: Calls) -> None:
         """Program calls on the client's stream (``client/calls.py``), in the order they were
         made (a call never takes a slot before the calls it reads).
 
@@ -355,7 +369,7 @@ class PathwaysScheduler(SchedulerPlugin):
         """
         batch: dict[str, list[tuple[Any, ...]]] = defaultdict(list)  # per host, in call order
         until = None
-        for call in calls:
+        for call in msg.calls:
             if until is not None and time.perf_counter() >= until:
                 self._forward(client, batch)
                 await asyncio.sleep(0)  # the dispatches go; the hosts and other streams get a turn
@@ -363,10 +377,21 @@ class PathwaysScheduler(SchedulerPlugin):
                     return
                 until = time.perf_counter() + CALL_SLICE
             try:
-                self._call(client, call, batch)
+                self.core.check_call(call, self.scheduler.workers)
+                keys = {addr: [as_key(k) for k, _ in outs] for addr, _plan, outs in call["hosts"]}
+                exist = keys_exist(self.scheduler, call_keys(call))
+                if exist:
+                    raise ValueError(f"output key {exist[0]!r} of program {call['pid']} exists already")
+                create_keys(self.scheduler, client, keys, HANDLE_NBYTES)
             except Exception as e:  # noqa: BLE001 - answered to the client below
                 self._forward(client, batch)  # the calls before it reach their hosts before its drop
-                self._call_failed(client, call, e)
+                if isinstance(e, DeviceLostError):
+                    logger.info("pathdask: program %s could not be called: %s", call["pid"], e)
+                else:
+                    logger.exception("pathdask: program %s could not be called", call["pid"])
+                self.apply(self.core.call_failed(client, call, e))
+            else:
+                self.apply(self.core.take_call(client, call), batch)
             until = until if until is not None else time.perf_counter()  # the first call goes alone
         self._forward(client, batch)
 
@@ -374,75 +399,73 @@ class PathwaysScheduler(SchedulerPlugin):
         """Send each host its calls of one message as one message: the host puts all their
         output keys' handles in its data at once."""
         for addr, calls in batch.items():
-            self._tell(addr, {"op": "pathdask-dispatch", "client": client, "calls": calls})
+            self.tell(addr, Dispatch(client, calls))
         batch.clear()
 
-    def _call(self, client: str, call: dict[str, Any], batch: dict[str, list[tuple[Any, ...]]]) -> None:
-        pid = call["pid"]
-        gone = sorted(addr for addr, *_ in call["hosts"]
-                      if addr not in self.resources.hosts or addr not in self.scheduler.workers)
-        if gone:
-            raise DeviceLostError(f"host(s) {gone} left the cluster before program {pid} was called; "
-                                  "call it again on a new mesh")
-        create_outputs(self.scheduler, client, call)
-        for addr, plan, outputs in call["hosts"]:
-            batch[addr].append((pid, plan, call["inputs"], outputs))
-        self._submit(client, {**call["program"],
-                              "outputs": [(k, addr, j) for addr, _plan, outs in call["hosts"] for k, j in outs],
-                              "deps": sorted({producer for producer, _ in call["inputs"]})})
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        """Two endings the scheduler sees first.
 
-    def _call_failed(self, client: str, call: dict[str, Any], e: Exception) -> None:
-        pid = call["pid"]
-        if isinstance(e, DeviceLostError):
-            logger.info("pathdask: program %s could not be called: %s", pid, e)
-        else:
-            logger.exception("pathdask: program %s could not be called", pid)
-        keys = call_keys(call)
-        for key in keys:
-            self.output_owners.pop(key, None)
-        made = [k for k in keys if k in self.scheduler.tasks]
-        if made:  # the keys it made go again, with no buffers behind them
-            self.scheduler.client_releases_keys(keys=made, client=client, stimulus_id=f"pathdask-call-failed-{pid}")
-        err = error_message(e)
-        for key in keys:
-            self.scheduler.report({"op": "task-erred", "key": key, "exception": err["exception"],
-                                   "traceback": err["traceback"]}, client=client)
-        reason = f"the call of program {pid} failed in the scheduler: {type(e).__name__}: {e}"
-        cause = to_serialize(e if isinstance(e, DeviceLostError) else DispatchError(reason))
-        if not self._end_program(pid, reason, cause):
-            for addr, *_ in call["hosts"]:
-                self._tell(addr, {"op": "pathdask-drop-programs", "pids": [pid], "reason": reason, "cause": cause})
+        - A program's dispatch task (sequential dispatch) failed on one host: the program
+          is dropped on every host it uses, with the dispatch's own error, so that no
+          device waits for a part that will never come.
+        - The scheduler forgot an output key: its host frees the buffers it owned.
+          Decided here rather than on the worker, because workers also see
+          replicas of a key come and go (dependencies, the active memory manager).
+        """
+        if finish == "erred":
+            pid = dispatched_program(key)
+            if pid is None or kwargs.get("cause") not in (None, key):
+                return  # erred because a dependency did; only the failing task itself ends the program
+            text = kwargs.get("exception_text") or "unknown error"
+            self.apply(self.core.end_program(
+                pid, f"the dispatch of program {pid} failed on host {kwargs.get('worker')}: {text}",
+                kwargs.get("exception")))
+        elif finish == "forgotten":
+            self.apply(self.core.key_forgotten(key))
 
-    def dispatch_failed(self, worker: str, pid: str, error: str, cause: Any) -> None:
-        """A host could not register its part of a called program (stream op from the host):
-        the program is dropped on every host it uses, with the host's error."""
-        self._end_program(pid, f"the dispatch of program {pid} failed on host {worker}: {error}", cause)
+    # -- instructions out --------------------------------------------------------------
+    def apply(self, instructions: list[Instruction],
+              batch: dict[str, list[tuple[Any, ...]]] | None = None) -> None:
+        """Carry out the core's instructions, in order; ``batch`` gathers forwarded calls."""
+        for ins in instructions:
+            if isinstance(ins, Send):
+                if not self.tell(ins.host, ins.msg, ins.now) and isinstance(ins.msg, Order):
+                    logger.error("pathdask: programs %s use host %s, which is gone",
+                                 [p for p, *_ in ins.msg.programs], ins.host)
+            elif isinstance(ins, SendAll):
+                for addr in list(self.resources.hosts):
+                    if addr != ins.but:
+                        self.tell(addr, ins.msg)
+            elif isinstance(ins, Forward):
+                assert batch is not None, ins
+                batch[ins.host].append(ins.entry)
+            elif isinstance(ins, FailKeys):
+                keys = ins.keys
+                release_keys(self.scheduler, ins.client, keys, f"pathdask-call-failed-{keys[0] if keys else ''}")
+                report_erred(self.scheduler, ins.client, keys, error_message(ins.error))
+            elif isinstance(ins, Progress):
+                self.progress.set()
+            else:  # pragma: no cover - a new instruction without its executor
+                raise TypeError(f"PathwaysScheduler cannot carry out {ins!r}")
 
-    def _drop(self, pids: list[str], hosts: list[str], reason: str, lost: str) -> None:
-        """Tell ``hosts`` to fail ``pids`` with DeviceLostError(``reason``); ``lost`` is the gone host."""
-        for addr in hosts:
-            self._tell(addr, {"op": "pathdask-drop-programs", "pids": pids, "reason": reason, "host": lost})
-
-    def _tell(self, addr: str, msg: dict[str, Any], now: bool = True) -> bool:
-        """Send ``msg`` on the scheduler's stream to host ``addr``; ``False`` if the host is gone.
+    def tell(self, addr: str, msg: Message, now: bool = True) -> bool:
+        """Send a record on the scheduler's stream to host ``addr``; ``False`` if the host is gone.
 
         It goes at once (``streams.py``), unless ``now`` is false: then it waits, as
         Dask's own messages do, for the next that goes at once or the stream's interval.
-        ``stream_comms`` is the scheduler's own table of batched streams to workers;
-        ``Scheduler.send_all`` would do, but silently drops messages to a gone worker.
+        An exception it carries travels serialized.
         """
-        comm = self.scheduler.stream_comms.get(addr)
-        if comm is None:
-            if addr in self.leaving and addr in self.resources.hosts:
-                # retiring: Dask already closed its stream, but it runs until its clients
-                # suspended; messages go by RPC, one at a time, in order
-                self._background(self._tell_leaving(addr, msg))
-                return True
-            return False
-        comm.send(msg)
-        if now:
-            flush(comm)
-        return True
+        fields = encode(msg)
+        if isinstance(fields.get("cause"), BaseException):
+            fields["cause"] = to_serialize(fields["cause"])
+        if send_to_worker(self.scheduler, addr, fields, now):
+            return True
+        if addr in self.leaving and addr in self.resources.hosts:
+            # retiring: Dask already closed its stream, but it runs until its clients
+            # suspended; messages go by RPC, one at a time, in order
+            self._background(self._tell_leaving(addr, fields))
+            return True
+        return False
 
     def _background(self, coro: Any) -> None:
         """Run ``coro`` on the event loop, holding a reference until it is done."""
@@ -450,185 +473,9 @@ class PathwaysScheduler(SchedulerPlugin):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _tell_leaving(self, addr: str, msg: dict[str, Any]) -> None:
+    async def _tell_leaving(self, addr: str, fields: dict[str, Any]) -> None:
         async with self._leaving_locks.setdefault(addr, asyncio.Lock()):
             try:
-                await self.scheduler.rpc(addr).pathdask_message(msg=msg)
+                await ask(self.scheduler.rpc(addr), StreamByRpc(fields))
             except Exception as e:  # noqa: BLE001 - it left after all: its removal fails what it held
-                logger.info("pathdask: could not tell leaving host %s %s (%s)", addr, msg.get("op"), e)
-
-    def _tell_all(self, msg: dict[str, Any], but: str | None = None) -> None:
-        """Send ``msg`` to every live pathdask host (except ``but``)."""
-        for addr in list(self.resources.hosts):
-            if addr != but:
-                self._tell(addr, msg)
-
-    async def _broadcast(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Ask every live pathdask host; a host that dies meanwhile is left out of the replies."""
-        return dict(await self.scheduler.broadcast(msg=msg, workers=list(self.resources.hosts), on_error="ignore"))
-
-    async def _ask_quietly(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """``_broadcast`` for background pulls: a host that fails to answer (it is leaving, or
-        the scheduler is closing) is left out without an error in the log; the next pull asks again."""
-        async def ask(addr: str) -> tuple[str, Any]:
-            try:
-                call = getattr(self.scheduler.rpc(addr), msg["op"])
-                return addr, await call(**{k: v for k, v in msg.items() if k != "op"})
-            except Exception as e:  # noqa: BLE001
-                logger.debug("pathdask: %s did not answer %s: %r", addr, msg["op"], e)
-                return addr, None
-
-        return dict(await asyncio.gather(*(ask(a) for a in list(self.resources.hosts))))
-
-    def _send_orders(self, slotted: list[tuple[int, Submission]]) -> None:
-        """Tell each host of each newly slotted program where it goes in its devices' order."""
-        self.progress.set()
-        if not self.ordering:
-            return
-        per_host: dict[str, list[tuple[str, str, list[int]]]] = {}
-        for _slot, sub in slotted:
-            for addr, devices in sub.hosts.items():
-                per_host.setdefault(addr, []).append((sub.pid, sub.client, devices))
-        for addr, programs in per_host.items():
-            if not self._tell(addr, {"op": "pathdask-order", "programs": programs}):
-                logger.error("pathdask: programs %s use host %s, which is gone", [p for p, *_ in programs], addr)
-
-    def program_done(self, worker: str, pid: str) -> None:
-        """A host ran its part of a program (stream op from the workers)."""
-        self._send_orders(self.order.host_done(pid, worker))
-
-    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        """Two endings the scheduler sees first.
-
-        - A program's dispatch task failed on one host: the program is dropped on
-          every host it uses, with the dispatch's own error, so that no device
-          waits for a part that will never come.
-        - The scheduler forgot an output key: its host frees the buffers it owned.
-          Decided here rather than on the worker, because workers also see
-          replicas of a key come and go (dependencies, the active memory manager).
-        """
-        if finish == "erred":
-            self._dispatch_failed(key, kwargs)
-            return
-        if finish != "forgotten":
-            return
-        owner = self.output_owners.pop(key, None)
-        if owner is None:
-            return
-        addr, pid, index = owner
-        self._tell(addr, {"op": "pathdask-release-outputs", "outputs": [(pid, index)]}, now=False)
-
-    def _dispatch_failed(self, key: Any, info: dict[str, Any]) -> None:
-        pid = dispatched_program(key)
-        if pid is None:
-            return
-        if info.get("cause") not in (None, key):
-            return  # erred because a dependency did; only the failing task itself ends the program
-        text = info.get("exception_text") or "unknown error"
-        self._end_program(pid, f"the dispatch of program {pid} failed on host {info.get('worker')}: {text}",
-                          info.get("exception"))
-
-    def _end_program(self, pid: str, reason: str, cause: Any) -> bool:
-        """Take ``pid`` out of the order and drop it on every host it uses, with ``cause``;
-        ``False`` if the order does not hold it (it ended already, or never came)."""
-        sub = self.order.fail(pid)
-        if sub is None:
-            return False
-        logger.info("pathdask: %s; dropping it on %s", reason, sorted(sub.hosts))
-        for addr in sub.hosts:
-            self._tell(addr, {"op": "pathdask-drop-programs", "pids": [pid], "reason": reason, "cause": cause})
-        return True
-
-    def _stranded(self, worker: str) -> list[str]:
-        """Programs whose dispatch task for ``worker`` had not run when Dask began to remove it:
-        Dask took the task off it, so they can never end there."""
-        return [pid for ts in self.scheduler.tasks.values()
-                if (pid := dispatched_program(ts.key)) is not None
-                and ts.state != "memory" and worker in (ts.worker_restrictions or ())]
-
-    # -- observation -------------------------------------------------------------
-    async def diagnose(self) -> dict[str, Any]:
-        """Per host, each device's state and queue; per client, programs waiting and slotted."""
-        replies = await self._broadcast({"op": "pathdask_diagnose"})
-        hosts = {a: r for a, r in replies.items() if isinstance(r, dict)}
-        counts = self.order.by_client()
-        clients = {cid: {**c, **counts.get(cid, {"waiting": 0, "slotted": 0})} for cid, c in self.clients.items()}
-        return {"hosts": hosts, "clients": clients,
-                "unreachable": sorted(set(self.resources.hosts) - set(hosts))}
-
-    async def stats(self) -> dict[str, Any]:
-        replies = await self._broadcast({"op": "pathdask_stats"})
-        return _merge(replies)
-
-    async def timeline(self, since: float = 0.0) -> dict[int, list[Any]]:
-        """Per device, (start, end, program, gang) of recent gangs, from every host."""
-        replies = await self._broadcast({"op": "pathdask_timeline", "since": since})
-        out: dict[int, list[Any]] = {}
-        for reply in replies.values():
-            if isinstance(reply, dict):
-                out.update({int(d): v for d, v in reply.items()})
-        return dict(sorted(out.items()))
-
-    async def transfers(self) -> list[Any]:
-        """Every host's recent modelled transfers (``links.py``), with wall-clock times."""
-        replies = await self._broadcast({"op": "pathdask_transfers"})
-        return sorted(t for reply in replies.values() if isinstance(reply, (list, tuple)) for t in reply)
-
-    async def reset_observations(self) -> None:
-        await self._broadcast({"op": "pathdask_reset_observations"})
-        self.activity.record.clear()
-
-    async def trace(self, timeout: Any = "10s") -> dict[str, Any]:
-        """Every recorded gang (the dashboard's timeline view), once the programs that were
-        slotted when it was asked have ended everywhere, so that their gangs are all in it."""
-        from ..dashboard.views import timeline
-
-        deadline = asyncio.get_running_loop().time() + parse_timedelta(timeout)
-        running = set(self.order.inflight)
-        while running & set(self.order.inflight):
-            self.progress.clear()
-            try:
-                await asyncio.wait_for(self.progress.wait(), deadline - asyncio.get_running_loop().time())
-            except TimeoutError:
-                break  # a program that does not end: trace what ran so far
-        await self.activity.refresh()
-        return timeline(self.activity.record)
-
-    async def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
-        """Wait until every host holds no buffers and no program; raises ``TimeoutError`` otherwise."""
-        seconds = parse_timedelta(timeout)
-        try:
-            replies = await asyncio.wait_for(self._broadcast({"op": "pathdask_wait_idle"}), seconds)
-        except TimeoutError:
-            stats = _merge(await self._broadcast({"op": "pathdask_stats"}))
-            busy = {d: (s["bytes_in_use"], s["buffers"], s["pending_programs"])
-                    for d, s in stats["devices"].items() if s["buffers"] or s["pending_programs"]}
-            raise TimeoutError(
-                f"The pathdask hosts were not idle within {seconds:g}s: {stats['programs']} program(s) "
-                f"dispatched and unfinished; devices holding (bytes, buffers, queued programs): {busy}. "
-                "Release the arrays you no longer need, or see system.diagnose() for what devices wait for"
-            ) from None
-        return _merge(replies)
-
-
-def _merge(replies: dict[str, Any]) -> dict[str, Any]:
-    """One ``device_stats()`` from every host's: devices, link classes and NICs.
-
-    Link classes are counted where transfers arrive, so hosts' counts add up;
-    the longest queue and wait are maxima.
-    """
-    devices: dict[int, Any] = {}
-    links: dict[str, dict[str, Any]] = {}
-    nics: dict[str, dict[str, Any]] = {}
-    programs = 0
-    for reply in replies.values():
-        if not isinstance(reply, dict) or "devices" not in reply:
-            continue
-        devices.update({int(k): v for k, v in reply["devices"].items()})
-        for cls, v in reply["links"].items():
-            add_stats(links.setdefault(cls, {}), v)
-        for host, sides in reply.get("nics", {}).items():
-            nics.setdefault(host, {}).update(sides)  # a NIC's two sides are booked on its own host
-        programs += reply["programs"]
-    return {"devices": dict(sorted(devices.items())), "links": links, "nics": dict(sorted(nics.items())),
-            "programs": programs}
+                logger.info("pathdask: could not tell leaving host %s %s (%s)", addr, fields.get("kind"), e)

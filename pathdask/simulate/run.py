@@ -9,7 +9,7 @@ from the :class:`~.model.CostModel`:
    interval (its event loop, which sends them, gets the GIL only then);
 2. the scheduler takes it in: its handler's CPU, a message's first call alone and then
    a slice of calls at a time, as its handler does; it is given to the real
-   :class:`~pathdask.scheduler.order.IslandScheduler` with the real policy, and
+   :class:`~pathdask.core.order.IslandScheduler` with the real policy, and
    each host gets the call (a message, then host CPU per op), the hosts a slice's calls
    in one piece; the rest of the scheduler's CPU for the slice comes after that;
 3. when the policy slots it, each host gets an order message; a host has the
@@ -49,9 +49,9 @@ import simpy
 import xarray as xr
 
 from ..client.program import Program
+from ..core.order import IslandScheduler, Submission
 from ..dashboard.trace import to_dataset, transfers_dataset
 from ..scheduler.calls import CALL_SLICE
-from ..scheduler.order import IslandScheduler, Submission
 from ..topology import Topology
 from .clock import Clock, Hosts, Processor
 from .devices import DeviceEngine, own_seconds

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..chunking import empty
-from .bounded import remember
+from ..core.bounded import remember
 from .transfer import SlotKey
 
 #: what travels with each chunk: (exchange key, source device, piece shape, dtype str, byte

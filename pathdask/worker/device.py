@@ -7,12 +7,12 @@ import time
 from collections import deque
 from typing import Any, NamedTuple
 
+from ..core.bounded import newest
+from ..core.ledger import HostProgram
 from ..topology import DeviceInfo
-from .bounded import newest
 from .driver import Driver, Waitable
 from .execute import run_op
 from .host import Host
-from .ledger import HostProgram
 
 
 class Head(NamedTuple):

@@ -19,8 +19,8 @@ from .driver import yield_to_others
 from .transfer import Aborted, wait_until
 
 if TYPE_CHECKING:
+    from ..core.ledger import HostProgram
     from .host import Host
-    from .ledger import HostProgram
 
 
 class KernelContext:

@@ -11,9 +11,9 @@ from typing import Protocol
 
 import numpy as np
 
+from ..core.ledger import HostProgram, Ledger
 from ..ops import GangSpec
 from ..topology import DeviceInfo
-from .ledger import HostProgram, Ledger
 from .store import BufferStore
 
 

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 from tornado.ioloop import PeriodicCallback
 
+from ..core.ledger import Ledger
+from ..core.plans import PlanCache
 from ..diagnosis import describe
 from ..topology import DeviceInfo
 from .device import DeviceStream
-from .ledger import Ledger
 from .links import LinkModel
-from .plans import PlanCache
 from .store import BufferStore
 from .transfer import Mailbox
 

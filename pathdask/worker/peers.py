@@ -6,7 +6,7 @@ written straight from the threads that run the devices (``driver.py``). Hosts th
 sending thread, with ``pathdask.in-process-peers`` (the default): no socket, no
 receiver thread, no pickling; the modelled link times stay as they are. With ``pathdask.transport: dask`` they
 go as one-way messages over Dask comms: a ``BatchedSend`` per peer, opened
-through the peer's ``pathdask_stream`` handler and served by Dask's own
+through the peer's ``PEER_STREAM_OP`` handler and served by Dask's own
 ``handle_stream``.
 """
 
@@ -28,6 +28,7 @@ from distributed.comm import connect, get_address_host
 from distributed.protocol import to_serialize
 
 from ..errors import DeviceLostError
+from ..protocol import ABORT, CHUNK, PEER_OPS, PEER_STREAM_OP, XFER, TransportOf, ask
 from .transport import SocketTransport
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class Peers:
     ``handle`` receives the same tuples from the socket transport, and
     ``("chunk", meta, nbytes)`` once ``sink(meta, nbytes)`` received a chunk's
     bytes; the Dask path delivers them through the worker's stream handlers
-    ``pathdask-xfer``, ``pathdask-abort`` and ``pathdask-chunk`` instead.
+    ``PEER_OPS`` (``protocol.py``) instead.
     """
 
     def __init__(self, worker: Worker, loop: asyncio.AbstractEventLoop, kind: str,
@@ -118,11 +119,11 @@ class Peers:
                 self.transport.send(self._transport_address(addr), (kind, *args))
             return
         msg: dict[str, Any]
-        if kind == "xfer":
-            msg = {"op": "pathdask-xfer", "pieces": [(k, s, to_serialize(v), r) for k, s, v, r in args[0]]}
+        if kind == XFER:
+            msg = {"op": PEER_OPS[XFER], "pieces": [(k, s, to_serialize(v), r) for k, s, v, r in args[0]]}
         else:
             pid, gang, cause = args
-            msg = {"op": "pathdask-abort", "pid": pid, "gang": gang, "cause": to_serialize(cause)}
+            msg = {"op": PEER_OPS[ABORT], "pid": pid, "gang": gang, "cause": to_serialize(cause)}
         self.loop.call_soon_threadsafe(self._send, addr, msg)
 
     def send_chunk(self, addr: str, meta: Any, data: memoryview) -> None:
@@ -133,21 +134,21 @@ class Peers:
         if peer is not None:
             target = peer.sink(meta, data.nbytes)
             np.frombuffer(target, np.uint8)[:] = np.frombuffer(data, np.uint8)
-            peer.handle(("chunk", meta, data.nbytes))
+            peer.handle((CHUNK, meta, data.nbytes))
             return
         if self.transport is not None:
             with self._reaching(addr):
                 self.transport.send_chunk(self._transport_address(addr), meta, data)
             return
         # the view keeps its (immutable) buffer alive until Dask has written it
-        msg = {"op": "pathdask-chunk", "meta": meta, "data": to_serialize(np.frombuffer(data, np.uint8))}
+        msg = {"op": PEER_OPS[CHUNK], "meta": meta, "data": to_serialize(np.frombuffer(data, np.uint8))}
         self.loop.call_soon_threadsafe(self._send, addr, msg)
 
     def on_chunk(self, meta: Any, data: np.ndarray) -> None:
-        """The ``pathdask-chunk`` stream handler (Dask comms): put the bytes in place."""
+        """The chunk stream handler (Dask comms): put the bytes in place."""
         target = self.sink(meta, data.nbytes)
         target[:] = data.reshape(-1).view(np.uint8).data
-        self.handle(("chunk", meta, data.nbytes))
+        self.handle((CHUNK, meta, data.nbytes))
 
     @contextlib.contextmanager
     def _reaching(self, addr: str) -> Iterator[None]:
@@ -167,7 +168,7 @@ class Peers:
         with self._lock:
             found = self.addresses.get(addr)
         if found is None:
-            fut = asyncio.run_coroutine_threadsafe(self.worker.scheduler.pathdask_transport_of(host=addr), self.loop)
+            fut = asyncio.run_coroutine_threadsafe(ask(self.worker.scheduler, TransportOf(addr)), self.loop)
             found = fut.result(timeout=TRANSPORT_LOOKUP_S)
             if found is None:
                 raise ConnectionRefusedError(f"the scheduler knows no transport of {addr}")
@@ -209,7 +210,7 @@ class Peers:
     async def _connect(self, addr: str) -> None:
         try:
             comm = await connect(addr, **self.worker.connection_args)
-            await comm.write({"op": "pathdask_stream", "reply": False})
+            await comm.write({"op": PEER_STREAM_OP, "reply": False})
         except Exception:
             logger.exception("pathdask: cannot open a stream to peer host %s", addr)
             self.backlog.pop(addr, None)
@@ -221,7 +222,7 @@ class Peers:
             bs.send(msg)
 
     async def handle_stream(self, comm: Any) -> None:
-        """The ``pathdask_stream`` handler: a peer's one-way stream of messages."""
+        """The ``PEER_STREAM_OP`` handler: a peer's one-way stream of messages."""
         await self.worker.handle_stream(comm)
 
     async def close(self) -> None:

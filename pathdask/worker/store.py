@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 from dask.utils import format_bytes
 
+from ..core.bounded import remember
 from ..errors import DeviceOutOfMemoryError
 from ..ops import BufferKey
-from .bounded import remember
 from .driver import Driver, Waitable
 from .futures import fail, resolve
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.bounded import remember
 from ..errors import GangAbortedError
-from .bounded import remember
 from .driver import Driver, Waitable, sleep_until
 
 SlotKey = tuple[str, int, int, int]  # (program, gang, seq, destination device)

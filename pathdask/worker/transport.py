@@ -5,7 +5,7 @@ thread per connection hands them to the mailbox. Neither side goes through an
 event loop, so a collective's hop costs a socket write and a wake-up instead of
 two thread hand-offs and a trip through Dask's batched comms. Each host tells the
 scheduler plugin where its transport listens, and the plugin announces it to
-every other host (``pathdask-host-joined``), so that a peer's first piece never
+every other host (``protocol.HostJoined``), so that a peer's first piece never
 waits on a lookup, and a dead peer is never asked. Pickle protocol 5 sends NumPy
 buffers out of band, without copies. ``pathdask.transport: dask`` switches back to
 Dask's comms (one-way batched streams), which the benchmarks compare.
@@ -36,6 +36,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from ..protocol import CHUNK
 
 logger = logging.getLogger("pathdask.transport")
 
@@ -265,7 +267,7 @@ class SocketTransport:
         (n,) = _LEN.unpack(_recv_exact(conn, _LEN.size))
         _recv_into(conn, self.sink(meta, n))
         try:
-            self.handle(("chunk", meta, n))
+            self.handle((CHUNK, meta, n))
         except Exception:
             logger.exception("pathdask: failed to handle a chunk from a peer host")
 

@@ -19,10 +19,16 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..ops import BufferKey, HostPlan, Ref
 from .bounded import remember
-from .transfer import Mailbox
+
+
+class Aborts(Protocol):
+    """Where a program's gangs learn that they were aborted (the host's mailbox)."""
+
+    def check(self, pid: str, gang: int) -> BaseException | None: ...
 
 
 @dataclass
@@ -33,7 +39,7 @@ class HostProgram:
     plan: HostPlan
     inputs: tuple[BufferKey, ...]
     client: str
-    mailbox: Mailbox
+    mailbox: Aborts
     #: sequential dispatch: gangs whose Dask task has released them (None: all are)
     released: set[int] | None = None
     done: set[tuple[int, int]] = field(default_factory=set)  # (device, gang) finished

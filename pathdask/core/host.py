@@ -1,0 +1,345 @@
+"""``HostCore``: the control logic of one host, as a state machine with no I/O.
+
+Events go in: the scheduler's records (:class:`~pathdask.protocol.Order`,
+:class:`~pathdask.protocol.Dispatch`, :class:`~pathdask.protocol.DropPrograms`,
+:class:`~pathdask.protocol.DropClient`, :class:`~pathdask.protocol.ReleaseOutputs`),
+a client's plans, a dispatch task of sequential dispatch, a device popping a
+program (:meth:`HostCore.device_done`) and the host closing. Instructions come
+out, for :class:`~pathdask.worker.runtime.HostRuntime` to carry out in order:
+devices to enqueue or wake, buffers to declare or release, programs to drop in
+the store and mailbox, records to tell the scheduler.
+
+It covers plans, calls, slots, dispatch, endings, drops, buffer lifetimes (the
+reads a program declares and withdraws, the outputs its Dask keys own) and lost
+peers. The invariant it keeps: a program slotted here is popped once by each of
+its local devices, run or skipped, and then ends here (``Ended``), whatever
+happened to it; a program that is not slotted here and is dropped withdraws
+every read it declared.
+
+Threads: every method runs on the worker's event loop, except
+:meth:`device_done`, which device threads call; it touches only the
+:class:`~pathdask.core.ledger.Ledger`, which locks itself.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from ..errors import DeviceLostError, DispatchError, GangAbortedError
+from ..ops import BufferKey, HostPlan, KernelOp, ReshardOp, as_key
+from ..protocol import (
+    Dispatch,
+    DispatchFailed,
+    DropClient,
+    DropPrograms,
+    HostJoined,
+    HostLost,
+    Message,
+    Order,
+    ProgramDone,
+    ReleaseOutputs,
+)
+from .bounded import remember
+from .ledger import Aborts, HostProgram, Ledger
+from .plans import PlanCache
+
+__all__ = ["HostCore", "PutHandles", "Enqueue", "Wake", "Declare", "Release", "DropBuffers", "Ended",
+           "Tell", "MarkLost", "MarkJoined", "HandOverLater", "Raise", "Instruction"]
+
+
+# -- instructions -----------------------------------------------------------------------------
+class PutHandles(NamedTuple):
+    """Put output keys' handles in the worker's data, as one Dask event."""
+    data: dict[Any, tuple[str, int]]
+    stimulus: str
+
+
+class Enqueue(NamedTuple):
+    """``pid`` takes the next place in ``device``'s order."""
+    device: int
+    pid: str
+
+
+class Wake(NamedTuple):
+    """``devices`` look at their heads again (a program became ready, or was dropped)."""
+    devices: tuple[int, ...]
+
+
+class Declare(NamedTuple):
+    """The store counts ``consumers`` more reads of a buffer, and its owner if ``owned``."""
+    key: BufferKey
+    device: int
+    owned: bool
+    consumers: int
+    client: str
+
+
+class Release(NamedTuple):
+    """The store drops ``consumers`` pending reads of a buffer, or its owner (``consumers`` 0)."""
+    key: BufferKey
+    device: int
+    consumers: int
+
+
+class DropBuffers(NamedTuple):
+    """``pid`` is dropped: its gangs abort (mailbox, sequential gates) and its buffers fail."""
+    pid: str
+    cause: BaseException
+
+
+class Ended(NamedTuple):
+    """``pid`` ended on this host: the scheduler learns it, waiters on it wake."""
+    pid: str
+
+
+class Tell(NamedTuple):
+    """Send a record to the scheduler."""
+    msg: Message
+
+
+class MarkLost(NamedTuple):
+    """Send host ``host`` nothing more."""
+    host: str
+
+
+class MarkJoined(NamedTuple):
+    """Host ``host`` joined (or restarted): its transport listens at ``transport``."""
+    host: str
+    transport: str | None
+
+
+class HandOverLater(NamedTuple):
+    """Test-only jitter: call :meth:`HostCore.hand_over` for ``pid`` a little later."""
+    pid: str
+
+
+class Raise(NamedTuple):
+    """The event failed with ``error`` after the instructions before this one (a dispatch task)."""
+    error: BaseException
+
+
+Instruction = (PutHandles | Enqueue | Wake | Declare | Release | DropBuffers | Ended | Tell | MarkLost
+               | MarkJoined | HandOverLater | Raise)
+
+
+class HostCore:
+    """One host's programs, plans and output ownership. See the module docstring.
+
+    Parameters
+    ----------
+    address : str
+        This host's worker address (plans name their members by it).
+    devices : iterable of int
+        The ids of this host's devices.
+    ordering : bool
+        Whether devices wait for the scheduler's order; without it (test-only), a
+        program takes its place in arrival order.
+    jitter : bool
+        Test-only: registrations are handed to the devices later (``HandOverLater``).
+    aborts : Aborts
+        Where gangs of registered programs learn they were aborted (the mailbox).
+    """
+
+    def __init__(self, address: str, devices: Iterable[int], aborts: Aborts, *, ordering: bool = True,
+                 jitter: bool = False) -> None:
+        self.address = address
+        self.devices = tuple(devices)
+        self.aborts = aborts
+        self.ordering = ordering
+        self.jitter = jitter
+        self.ledger = Ledger()
+        self.plans = PlanCache(address)
+        #: (program, output index) -> (value id, device) pairs its Dask key owns here
+        self.owned: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
+        #: output keys the scheduler forgot before their program registered here
+        self.released_early: OrderedDict[tuple[str, int], None] = OrderedDict()
+        #: registrations held back by the test-only jitter: pid -> (program, enqueue)
+        self._held: dict[str, tuple[HostProgram, bool]] = {}
+        self._handlers: dict[type[Message], Any] = {
+            Order: lambda m: self.order(m.programs),
+            Dispatch: lambda m: self.calls(m.client, m.calls),
+            DropPrograms: lambda m: self.drop_programs(m.pids, m.reason, m.host, m.cause),
+            DropClient: lambda m: self.drop_client(m.client),
+            ReleaseOutputs: lambda m: self.release_outputs(m.outputs),
+            HostLost: lambda m: [MarkLost(m.host)],
+            HostJoined: lambda m: [MarkJoined(m.host, m.transport)],
+        }
+
+    def handle(self, msg: Message) -> list[Instruction]:
+        """The instructions for one record from the scheduler."""
+        out: list[Instruction] = self._handlers[type(msg)](msg)
+        return out
+
+    # -- arrivals ---------------------------------------------------------------------------
+    def add_plans(self, client: str, plans: list[HostPlan]) -> int:
+        """A client's new plans, sent before the calls that name them."""
+        self.plans.add(client, plans)
+        return len(plans)
+
+    def order(self, programs: list[tuple[str, str, list[int]]]) -> list[Instruction]:
+        """These programs, in slot order, take the next places in these devices' orders."""
+        out: list[Instruction] = []
+        for pid, client, devices in programs:
+            if not self.ledger.slot(pid, client, devices):
+                out.append(Ended(pid))  # dropped before its slot came: nothing to run here
+                continue
+            out += [Enqueue(d, pid) for d in devices]
+        return out
+
+    def calls(self, client: str, calls: list[tuple[str, str, list[Any], list[tuple[Any, int]]]]
+              ) -> list[Instruction]:
+        """Calls reached this host, each ``(pid, plan id, argument keys, output keys owned
+        here)``: their keys' handles go in the worker's data at once, and each call's part
+        is registered. A call that fails is dropped here and the scheduler is told."""
+        out: list[Instruction] = []
+        data = {as_key(k): (pid, j) for pid, _, _, outputs in calls for k, j in outputs}
+        if data:
+            out.append(PutHandles(data, f"pathdask-call-{calls[0][0]}"))
+        for pid, plan, inputs, _ in calls:
+            done = self.dispatch(pid, plan, tuple((str(p), int(v)) for p, v in inputs), client)
+            last = done[-1] if done else None
+            if isinstance(last, Raise):
+                e = last.error
+                done[-1:] = []
+                done.append(Tell(DispatchFailed(pid, f"{type(e).__name__}: {e}", e)))
+            out += done
+        return out
+
+    def dispatch(self, pid: str, plan: HostPlan | str, inputs: tuple[BufferKey, ...], client: str,
+                 gated: bool = False) -> list[Instruction]:
+        """Register this host's part of a program (a call, or a dispatch task with its plan).
+
+        ``plan`` is the plan, or the id of one its client sent ahead. A failure drops
+        the program here and ends the instructions with ``Raise``.
+        """
+        if self.ledger.refused(pid, client) is not None:
+            self.plans.discard(pid)
+            return []  # dropped (or its client closed) before it came: it ended here already
+        try:
+            if isinstance(plan, str):
+                plan = self.plans.get(client, pid, plan)
+            if self.address not in {d.address for g in plan.gangs.values() for d in g.members}:
+                # Dask recomputes lost keys on a replacement worker; a program cannot follow its host.
+                raise DeviceLostError(
+                    f"Program {pid} was planned for a host that left the cluster; {self.address} "
+                    "replaced it. Call the program again on a new mesh"
+                )
+        except Exception as e:  # noqa: BLE001 - it ends the instructions
+            return [*self.drop_program(pid, e), Raise(e)]
+        return self._register(HostProgram(pid, plan, inputs, client, self.aborts,
+                                          released=set() if gated else None))
+
+    def run_alone(self, pid: str, plan: HostPlan, inputs: tuple[BufferKey, ...], client: str
+                  ) -> list[Instruction]:
+        """A multi-controller host registers a program of its own: its devices take it in
+        arrival order, with no scheduler and no order message."""
+        return self._register(HostProgram(pid, plan, inputs, client, self.aborts), enqueue=True)
+
+    def _register(self, prog: HostProgram, enqueue: bool = False) -> list[Instruction]:
+        """Count the program's reads and owners in the store, then hand it to the devices."""
+        out = self._reads(prog, +1)
+        for k, pairs in prog.plan.owned.items():
+            if self.released_early.pop((prog.pid, k), "kept") is None:
+                continue  # its key is gone already: nothing owns these buffers
+            out += [Declare((prog.pid, vid), dev, True, 0, prog.client) for vid, dev in pairs]
+            self.owned[(prog.pid, k)] = pairs
+        enqueue = enqueue or not self.ordering
+        if self.jitter:
+            self._held[prog.pid] = (prog, enqueue)
+            return [*out, HandOverLater(prog.pid)]
+        return out + self._hand_over(prog, enqueue)
+
+    def hand_over(self, pid: str) -> list[Instruction]:
+        """A registration held back by the jitter goes to the devices now."""
+        held = self._held.pop(pid, None)
+        return [] if held is None else self._hand_over(*held)
+
+    def _hand_over(self, prog: HostProgram, enqueue: bool) -> list[Instruction]:
+        if self.ledger.refused(prog.pid, prog.client) is not None:
+            return self._reads(prog, -1)  # dropped while it was held back: it never reads
+        # Drops run on the event loop, as this does, so nothing was dropped since the check.
+        slotted = not enqueue or self.ledger.slot(prog.pid, prog.client, list(prog.plan.ops))
+        refused = self.ledger.register(prog)
+        assert slotted and refused is None, (prog.pid, refused)
+        if enqueue:
+            return [Enqueue(d, prog.pid) for d in prog.plan.ops]
+        return [Wake(tuple(prog.plan.ops))]
+
+    def _reads(self, prog: HostProgram, sign: int) -> list[Instruction]:
+        """Declare (+1) or withdraw (-1) the reads the program's ops will make of their inputs."""
+        out: list[Instruction] = []
+        for dev, ops in prog.plan.ops.items():
+            for op in ops:
+                refs = op.inputs if isinstance(op, KernelOp) else (
+                    (op.input,) if isinstance(op, ReshardOp) and op.input is not None else ())
+                for ref in refs:
+                    key = prog.resolve(ref)
+                    out.append(Declare(key, dev, False, 1, prog.client) if sign > 0 else Release(key, dev, 1))
+        return out
+
+    # -- endings ----------------------------------------------------------------------------------
+    def device_done(self, pid: str, device: int) -> list[Instruction]:
+        """A device popped ``pid`` (device thread); the last one ends it on this host."""
+        return [Ended(pid)] if self.ledger.device_done(pid, device) else []
+
+    def ended(self, pid: str) -> list[Instruction]:
+        """``pid`` ended here (after ``Ended``): the scheduler learns it."""
+        return [Tell(ProgramDone(pid))]
+
+    def release_outputs(self, outputs: list[tuple[str, int]]) -> list[Instruction]:
+        """The scheduler forgot these output keys: their buffers lose their owner.
+
+        One forgotten before its program registered here (its client closed meanwhile)
+        is remembered, so that the registration does not take the ownership.
+        """
+        out: list[Instruction] = []
+        for pid, index in outputs:
+            pairs = self.owned.pop((pid, index), None)
+            if pairs is None:
+                remember(self.released_early, (pid, index), None)
+                continue
+            out += [Release((pid, vid), dev, 0) for vid, dev in pairs]
+        return out
+
+    def drop_program(self, pid: str, cause: BaseException) -> list[Instruction]:
+        """Drop a program: its gangs abort, its buffers fail, its devices move on.
+
+        A slotted program stays in its devices' order and each device pops it, so it
+        still ends here; one that is not slotted here withdraws its reads at once.
+        """
+        unslotted = self.ledger.drop(pid, cause)
+        self.plans.discard(pid)  # a put dropped before its dispatch: its blocks go now
+        held = self._held.pop(pid, None)
+        out: list[Instruction] = [DropBuffers(pid, cause)]
+        for prog in (unslotted, held[0] if held else None):
+            if prog is not None:
+                out += self._reads(prog, -1)
+        return [*out, Wake(self.devices)]
+
+    def drop_programs(self, pids: list[str], reason: str, host: str | None = None,
+                      cause: BaseException | None = None) -> list[Instruction]:
+        """Programs that can no longer run everywhere (a lost host, a failed dispatch)."""
+        out: list[Instruction] = [MarkLost(host)] if host is not None else []
+        if not isinstance(cause, BaseException):
+            cause = DeviceLostError(reason) if host is not None else DispatchError(reason)
+        for pid in pids:
+            out += self.drop_program(pid, cause)
+        return out
+
+    def drop_client(self, client: str, cause: BaseException | None = None) -> list[Instruction]:
+        """Drop every program of a client that went away, and refuse its late ones."""
+        cause = cause or GangAbortedError(f"client {client} closed or was lost; its programs were dropped")
+        out: list[Instruction] = []
+        for pid in self.ledger.close_client(client, cause):
+            out += self.drop_program(pid, cause)
+        self.plans.drop_client(client)
+        return out
+
+    def close(self, cause: BaseException) -> list[Instruction]:
+        """The host is shutting down: every program here is dropped."""
+        out: list[Instruction] = []
+        for pid in self.ledger.pids():
+            out += self.drop_program(pid, cause)
+        return out

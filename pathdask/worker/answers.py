@@ -1,0 +1,132 @@
+"""What a host answers: its clients' fetches and status, and the scheduler's observation.
+
+:class:`HostAnswers` is the half of :class:`~pathdask.worker.runtime.HostRuntime`
+that serves requests (``protocol.Fetch``, ``Status``, ``HostStats``,
+``HostDiagnose``, ``HostActivity``, ``HostTransfers``, ``HostResetObservations``,
+``HostWaitIdle``, and fetches on the socket transport). It only reads: the
+ledger, the store, the device streams and the link model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from distributed.core import error_message
+
+from ..core.ledger import Ledger
+from ..core.plans import PlanCache
+from ..gather import encode_block
+from ..topology import DeviceInfo
+from .activity import activity
+from .dataplane import picklable
+from .device import DeviceStream
+from .futures import resolve
+from .links import LinkModel
+from .observe import diagnose, host_stats
+from .store import BufferStore
+from .transfer import Mailbox
+
+if TYPE_CHECKING:
+    from distributed import Worker
+
+
+class HostAnswers:
+    """Requests a host answers. See the module docstring."""
+
+    worker: Worker | None
+    address: str
+    island: int
+    host: int
+    mailbox: Mailbox
+    plans: PlanCache
+    ledger: Ledger
+    store: BufferStore
+    streams: dict[int, DeviceStream]
+    links: LinkModel
+    devices: dict[int, DeviceInfo]
+    loop: asyncio.AbstractEventLoop
+    _idle_waiters: list[asyncio.Future[None]]
+
+    async def fetch(self, buffers: list[tuple[str, int, int]]) -> dict[str, Any]:
+        """The values of program buffers on this host, once computed (client ``.result()``).
+
+        A failed program is an answer, not a handler error: ``{"error": ...}`` carries the
+        exception (``error_message``) for the client to raise, and nothing is logged here.
+        """
+        try:
+            out = []
+            for pid, vid, dev in buffers:
+                self._raise_if_dropped(pid)
+                out.append(encode_block(await self.store.wait_value((pid, vid), dev)))
+            return {"values": out}
+        except Exception as e:
+            return {"error": error_message(e)}
+
+    def serve(self, request: tuple[str, Any], gone: Callable[[], bool]) -> tuple[str, Any]:
+        """A client's request on the socket transport (its receiver thread; ``client/fetch.py``):
+        ``("fetch", buffers)`` is answered ``("values", arrays)`` once they are computed, or
+        ``("error", exception)`` with the error that ended their program."""
+        kind, buffers = request
+        if kind != "fetch":
+            return ("error", ValueError(f"unknown request {kind!r}; expected 'fetch'"))
+        try:
+            out = []
+            for pid, vid, dev in buffers:
+                self._raise_if_dropped(pid)
+                out.append(self.store.value((pid, vid), dev, gone))
+            return ("values", out)
+        except Exception as e:  # noqa: BLE001 - the client raises it
+            return ("error", picklable(e))
+
+    def _raise_if_dropped(self, pid: str) -> None:
+        cause = self.ledger.dropped(pid)
+        if cause is not None:
+            raise cause
+
+    def status(self, buffers: list[tuple[str, int, int]]) -> list[str]:
+        """Per buffer ``pending``, ``ready`` or ``error``, without waiting."""
+        return ["error" if self.ledger.dropped(pid) is not None else self.store.state((pid, vid), dev)
+                for pid, vid, dev in buffers]
+
+    def stats(self) -> dict[str, Any]:
+        return host_stats(self)
+
+    def diagnose(self) -> dict[str, Any]:
+        return diagnose(self)
+
+    def activity(self, cursors: dict[str, list[tuple[int, int]]], limit: int) -> dict[str, Any]:
+        """New gangs since the scheduler's cursors, with memory and link bytes (the dashboard)."""
+        return activity(self, cursors, limit)
+
+    def transfers(self) -> list[tuple[float, float, int, int, str, int]]:
+        """The modelled transfers that arrived here (start, end, src, dst, link, bytes), wall-clock."""
+        offset = time.time() - time.perf_counter()
+        return [(t.start + offset, t.end + offset, *t[2:]) for t in self.links.recent()]
+
+    def reset_observations(self) -> None:
+        """Forget recorded gaps, timelines and transfers (benchmarks call this between runs)."""
+        for s in self.streams.values():
+            s.reset_observations()
+        self.links.reset()
+
+    def _is_idle(self) -> bool:
+        return self.ledger.idle() and not any(s.pending or s.head for s in self.streams.values())
+
+    async def wait_idle(self) -> dict[str, Any]:
+        """Wait until this host holds no buffers and runs no program; return its stats."""
+        while True:
+            await self.store.wait_empty()
+            if self._is_idle():
+                return self.stats()
+            fut = self.loop.create_future()
+            self._idle_waiters.append(fut)
+            await fut
+
+    def _wake_idle(self) -> None:
+        """Let ``wait_idle`` look again (event loop)."""
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for fut in waiters:
+            resolve(fut)
