@@ -2,9 +2,9 @@
 
 Called from the scheduler plugin's ``start``, so it works however the plugin
 came (``LocalSystem``, ``dask scheduler --preload pathdask.preload``, or
-``Client.register_plugin``): Dask's ``applications`` mapping is read only when
-the HTTP server starts, so the pages get a Bokeh application of their own on
-the same server, as ``distributed.dashboard.scheduler.connect`` makes Dask's.
+``Client.register_plugin``). The pages get a Bokeh application of their own on
+the scheduler's HTTP server; every use of Dask's dashboard internals that this
+takes is in :mod:`pathdask.compat`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from tornado import web
-from tornado.ioloop import IOLoop
 
+from ..compat import add_bokeh_application, add_http_handlers, dashboard_application
 from . import api
 
 if TYPE_CHECKING:
@@ -32,50 +32,29 @@ def root_path(prefix: str) -> str:
     return f"/{inner}/" if inner else "/"
 
 
-def _dask_dashboard(scheduler: Scheduler) -> Any:
-    """Dask's own Bokeh application on this scheduler, or ``None`` without a dashboard."""
-    try:
-        from bokeh.server.server import BokehTornado
-    except ImportError:
-        return None
-    for app in getattr(scheduler.http_application, "applications", ()):
-        if isinstance(app, BokehTornado):
-            return app
-    return None
-
-
 def install(scheduler: Scheduler) -> None:
     """Serve ``/pathdask/api/<view>`` and, where the scheduler has a dashboard, the pages
     ``/pathdask/<view>``, listed in its "More..." menu. Once per scheduler."""
-    if scheduler in _installed or getattr(scheduler, "http_application", None) is None:
+    if scheduler in _installed:
         return
-    _installed.add(scheduler)
-    dashboard = _dask_dashboard(scheduler)
+    dashboard = dashboard_application(scheduler)
     prefix = root_path(dashboard.prefix if dashboard is not None else "")
     # Dask's pages link their styles relative to where they are; ours are one folder down.
     statics = [(f"{prefix}pathdask/statics/(.*)", web.RedirectHandler, {"url": f"{prefix}statics/{{0}}"})]
-    scheduler.http_application.add_handlers(r".*", [
-        (pattern, cls, {"dask_server": scheduler, **kwargs}) for pattern, cls, kwargs in api.routes(prefix)
-    ] + statics)
+    handlers = [(pattern, cls, {"dask_server": scheduler, **kwargs})
+                for pattern, cls, kwargs in api.routes(prefix)]
+    if not add_http_handlers(scheduler, handlers + statics):
+        return  # no HTTP server
+    _installed.add(scheduler)
     if dashboard is None:
         return
     _add_pages(scheduler, prefix)
 
 
 def _add_pages(scheduler: Scheduler, prefix: str) -> None:
-    from distributed.dashboard.core import BokehApplication
-    from distributed.dashboard.scheduler import template_variables
-
     from .pages import PAGES, applications  # Bokeh's server parts load only with a dashboard
 
-    variables = template_variables(scheduler)  # memoized: the dict Dask's own pages render with
-    listed = {p["url"] for p in variables["plots"]}
-    variables["plots"].extend({"url": path, "name": name} for path, (name, _) in PAGES.items()
-                              if path not in listed)
-    variables["plots"].sort(key=lambda p: p["name"])
-    app = BokehApplication(applications(), scheduler, prefix=prefix, template_variables=variables)
-    scheduler.http_application.add_application(app)
-    app.initialize(IOLoop.current())
-    app.start()
+    add_bokeh_application(scheduler, applications(), prefix,
+                          [{"url": path, "name": name} for path, (name, _) in PAGES.items()])
     logger.info("pathdask: dashboard pages at %spathdask/{%s}", prefix,
                 ",".join(p.split("/")[1] for p in PAGES))

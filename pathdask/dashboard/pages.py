@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..compat import dashboard_page_parts
 from .api import plugin_of
 from .components import Component, Links, Memory, Queue, Resources, Timeline
 from .install import root_path
@@ -37,9 +38,7 @@ def make_doc(name: str, cls: type[Component]) -> Any:
     """The Bokeh document function ``(scheduler, extra, doc)`` of one page."""
 
     def doc_function(scheduler: Any, extra: dict[str, Any], doc: Any) -> None:
-        from distributed.dashboard.components import add_periodic_callback
-        from distributed.dashboard.components.scheduler import BOKEH_THEME, env
-
+        add_periodic_callback, theme, env = dashboard_page_parts()
         plugin = plugin_of(scheduler)
         if plugin is None:
             raise RuntimeError("the pathdask scheduler plugin is not installed on this scheduler")
@@ -51,11 +50,11 @@ def make_doc(name: str, cls: type[Component]) -> Any:
         doc.template = env.from_string(TEMPLATE)
         doc.template_variables.update(extra)
         doc.template_variables["pathdask_base"] = root_path(extra.get("prefix", ""))
-        doc.theme = BOKEH_THEME
+        doc.theme = theme
 
     return doc_function
 
 
 def applications() -> dict[str, Any]:
-    """Page path -> document function, for :func:`distributed.dashboard.core.BokehApplication`."""
+    """Page path -> document function, for :func:`pathdask.compat.add_bokeh_application`."""
     return {f"/{path}": make_doc(name, cls) for path, (name, cls) in PAGES.items()}

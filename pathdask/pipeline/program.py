@@ -1,72 +1,6 @@
-"""Pipeline parallelism: stages on their own meshes, microbatches, GPipe and 1F1B schedules.
+"""The pipeline as one program: its stages, and the trace that calls every gang in schedule order.
 
-A :class:`Pipeline` turns ``S`` stage functions on ``S`` stage meshes (in one
-island or spread over several) and ``M`` microbatches into ONE
-``@pathdask.program``: one submission runs every forward, loss and backward
-gang, moves activations and their gradients between the stage meshes, and
-returns the mean loss and the mean gradient of every stage's parameters.
-
-The schedule is set by trace order alone. Every device runs its ops in the
-order the program called them, so the library simulates the schedule on a
-clock (a forward takes 1 unit, a backward 2; ``F(s, m)`` waits for
-``F(s-1, m)``, ``B(s, m)`` for ``B(s+1, m)``) and calls the functions in the
-order of their simulated start times. Each move between stage meshes is
-recorded when its value is ready (the end of the gang that makes it), so the
-sending stage sends before it goes on and the receiving stage finds it in
-time.
-
-- ``"gpipe"``: each stage runs the forwards of microbatches ``0..M-1``, then
-  their backwards. All ``M`` activations of a stage are live at once.
-- ``"1f1b"`` (PipeDream-flush): stage ``s`` runs ``S-s-1`` warm-up forwards,
-  then alternates one forward and one backward, then the cool-down
-  backwards. At most ``S-s`` activations of stage ``s`` are live at once.
-
-Both have the same ideal efficiency, :meth:`Pipeline.bubble`
-``= M / (M + S - 1)``.
-
-Stage contract
---------------
-- ``forward(params, x) -> y``;
-- ``backward(params, x, dy) -> (dparams, dx)``: it may recompute the forward
-  from ``x``; the first stage's ``dx`` is not used;
-- ``loss(y, targets) -> (loss, dy)`` on the last stage's mesh: ``loss`` is the
-  microbatch's mean loss, a replicated scalar (``P()``, shape ``()``), and
-  ``dy`` its gradient with respect to ``y``;
-- each stage has one parameter array, on that stage's mesh.
-
-The pipeline returns the mean of the microbatch losses and, per stage, the
-mean of the microbatch ``dparams``: with microbatches of equal size these are
-the full batch's mean loss and its gradient.
-
-Gangs are named for traces (devices x time, coloured by stage and
-microbatch): ``s2.F.m5`` is stage 2's forward of microbatch 5, ``s2.B.m5``
-its backward, ``s3.L.m5`` the loss on the last stage, ``s2.acc.m5`` the
-gradient accumulation after a backward and ``s2.mean`` a final mean; moves
-between meshes are named for their stages, ``s1>s2 m5`` forward and ``s2>s1 m5`` back.
-
-Examples
---------
->>> import numpy as np
->>> import pathdask as pw
->>> from pathdask import P
->>> @pw.function(in_specs=(P(), P()), out_specs=P())
-... def forward(w, x):
-...     return np.tanh(x @ w)
->>> @pw.function(in_specs=(P(), P(), P()), out_specs=(P(), P()))
-... def backward(w, x, dy):
-...     dz = dy * (1.0 - np.tanh(x @ w) ** 2)
-...     return x.T @ dz, dz @ w.T
->>> @pw.function(in_specs=(P(), P()), out_specs=(P(), P()))
-... def mse(y, t):
-...     err = y - t
-...     return np.mean(err * err), (2.0 / err.size) * err
->>> meshes = [client.mesh({"d": 1}, island=i) for i in (0, 1)]        # doctest: +SKIP
->>> pipe = pw.pipeline.Pipeline([pw.pipeline.Stage(forward, backward, m) for m in meshes],
-...                             mse, microbatches=4, schedule="1f1b")  # doctest: +SKIP
->>> params = [client.put(w, m) for w, m in zip(weights, meshes)]       # doctest: +SKIP
->>> xs, ys = pipe.put_batch(client, x, y)                              # doctest: +SKIP
->>> loss, grads = pipe(params, xs, ys)         # one program; futures  # doctest: +SKIP
->>> float(loss.result()), [g.result() for g in grads]                  # doctest: +SKIP
+See :mod:`pathdask.pipeline` for the stage contract and the gang names.
 """
 
 from __future__ import annotations
@@ -77,24 +11,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .client.function import Function
-from .client.program import ProgramFunction
-from .errors import MeshError, PipelineError
-from .mesh import Mesh
-from .spec import PartitionSpec
+from ..client.function import Function
+from ..client.program import ProgramFunction
+from ..errors import MeshError, PipelineError
+from ..mesh import Mesh
+from ..spec import PartitionSpec
+from .schedules import SCHEDULES, Step, schedule_table, simulate, trace_order
 
 if TYPE_CHECKING:
-    from .client.array import ShardedArray
-    from .client.client import Client
+    from ..client.array import ShardedArray
+    from ..client.client import Client
 
-__all__ = ["SCHEDULES", "Pipeline", "Stage", "schedule_table", "simulate"]
+__all__ = ["ACCUMULATIONS", "REPLICATED", "Pipeline", "Stage"]
 
-#: the schedules a :class:`Pipeline` runs
-SCHEDULES = ("gpipe", "1f1b")
 #: how a :class:`Pipeline` accumulates gradients
 ACCUMULATIONS = ("running", "final")
 
-Step = tuple[str, int]  # ("F" | "B", microbatch)
 REPLICATED = PartitionSpec()
 
 
@@ -166,7 +98,7 @@ class Pipeline:
     Calling the pipeline, ``pipe(params, xs, ys)``, returns ``(loss, grads)`` as
     futures at once: ``loss`` the mean loss (a replicated scalar on the last
     stage's mesh), ``grads[s]`` the mean gradient of ``params[s]`` on stage
-    ``s``'s mesh. See the module docstring for the stage contract.
+    ``s``'s mesh. See :mod:`pathdask.pipeline` for the stage contract.
 
     Examples
     --------
@@ -333,7 +265,7 @@ class Pipeline:
         made: dict[tuple[int, int], Any] = {}  # dparams of (stage, mb), until accumulated
         done = [0] * n_stages  # backwards accumulated per stage
         running = self.accumulate == "running" and n_micro > 1
-        for kind, s, m in _events(self.schedule_table()):
+        for kind, s, m in trace_order(self.schedule_table()):
             st = stages[s]
             if kind == "F":
                 x = inputs[(s, m)] = inputs[(s, m)].to(st.mesh, st.forward.in_specs[1], name=f"in.m{m}")
@@ -408,74 +340,3 @@ def _summer(k: int, n: int, scale: float) -> Callable[..., Any]:
         return tuple(outs) if k > 1 else outs[0]
 
     return mean
-
-
-def schedule_table(stages: int, microbatches: int, schedule: str) -> list[list[Step]]:
-    """Per stage, the order of its steps ``("F" | "B", microbatch)`` under ``schedule``."""
-    if schedule not in SCHEDULES:
-        raise PipelineError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    table: list[list[Step]] = []
-    for s in range(stages):
-        if schedule == "gpipe":
-            table.append([("F", m) for m in range(microbatches)] + [("B", m) for m in range(microbatches)])
-            continue
-        warmup = min(stages - s - 1, microbatches)
-        steps: list[Step] = [("F", m) for m in range(warmup)]
-        for i in range(microbatches - warmup):
-            steps += [("F", warmup + i), ("B", i)]
-        steps += [("B", m) for m in range(microbatches - warmup, microbatches)]
-        table.append(steps)
-    return table
-
-
-def simulate(table: Sequence[Sequence[Step]], forward: float = 1.0,
-             backward: float = 2.0) -> dict[tuple[str, int, int], tuple[float, float]]:
-    """``(start, end)`` of each step ``(kind, stage, microbatch)`` on a clock.
-
-    Each stage runs its steps in table order, one at a time; ``F(s, m)`` waits for
-    ``F(s-1, m)`` and ``B(s, m)`` for ``B(s+1, m)`` and ``F(s, m)``.
-    """
-    n = len(table)
-    times: dict[tuple[str, int, int], tuple[float, float]] = {}
-    pos, free = [0] * n, [0.0] * n
-    left = sum(len(t) for t in table)
-    while left:
-        progressed = False
-        for s in range(n):
-            while pos[s] < len(table[s]):
-                kind, m = table[s][pos[s]]
-                if kind == "F":
-                    deps = [("F", s - 1, m)] if s > 0 else []
-                else:
-                    deps = [("F", s, m)] + ([("B", s + 1, m)] if s + 1 < n else [])
-                if any(d not in times for d in deps):
-                    break
-                start = max([free[s]] + [times[d][1] for d in deps])
-                end = start + (forward if kind == "F" else backward)
-                times[(kind, s, m)] = (start, end)
-                free[s], pos[s], left, progressed = end, pos[s] + 1, left - 1, True
-        if not progressed:
-            stuck = {s: table[s][pos[s]] for s in range(n) if pos[s] < len(table[s])}
-            raise PipelineError(f"The schedule cannot proceed: each stage's next step waits for another {stuck}")
-    return times
-
-
-def _events(table: Sequence[Sequence[Step]]) -> list[tuple[str, int, int]]:
-    """The trace order: steps by simulated start time, each move at the end of the step that makes it.
-
-    A backward's gradient accumulation (``"acc"``) also comes at its end, after
-    the move of its ``dx``. At equal times moves come first (a stage sends what
-    it made before it goes on), then accumulations, then steps; lower stages first.
-    """
-    n = len(table)
-    timed: list[tuple[float, int, int, str, int]] = []
-    for (kind, s, m), (start, end) in simulate(table).items():
-        timed.append((start, 2, s, kind, m))
-        if kind == "F" and s + 1 < n:
-            timed.append((end, 0, s, "sendF", m))
-        elif kind == "B":
-            timed.append((end, 1, s, "acc", m))
-            if s > 0:
-                timed.append((end, 0, s, "sendB", m))
-    timed.sort()
-    return [(kind, s, m) for _, _, s, kind, m in timed]
