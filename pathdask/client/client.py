@@ -19,6 +19,7 @@ from distributed import Client as DaskClient
 from distributed import Future
 from distributed.protocol import to_serialize
 
+from ..compat import client_send, new_futures
 from ..diagnosis import Diagnosis
 from ..errors import ClientClosedError, DeviceLostError, MeshError, ShardingError
 from ..gather import gather, raise_reply_error
@@ -26,12 +27,11 @@ from ..mesh import Mesh, check_shape
 from ..ops import PLANS_PER_CLIENT, GangSpec, HostPlan, OutSpec, PutOp
 from ..sharding import Sharding
 from ..spec import PartitionSpec
-from ..streams import flush
 from ..topology import DeviceId, DeviceInfo, Topology
 from .array import ShardedArray
 from .calls import CALL_OP, build_call
 from .fetch import HOST_CHECK_AFTER, HostSockets, Unreachable
-from .lowering import build_graph, build_sequential_graph, lower
+from .lowering import build_sequential_graph, lower
 from .program import Program
 
 if TYPE_CHECKING:
@@ -94,8 +94,6 @@ class Client:
                 "it with pathdask.LocalSystem, or with `dask scheduler --preload pathdask.preload`"
             )
         self.topology = Topology.from_dict(info["topology"])
-        #: the scheduler creates the tasks of calls itself (``calls.py``); else calls submit graphs
-        self._calls = bool(info.get("calls"))
         #: results come over the hosts' socket transports where they have them (``fetch.py``)
         self._sockets: HostSockets | None = None
         if info.get("transports") and dask.config.get("pathdask.transport") == "socket":
@@ -170,13 +168,6 @@ class Client:
         per host NIC (``"island/host"``, ``send`` and ``recv``): bytes, transfers, busy seconds
         and the longest queue."""
         return dict(self.dask.sync(self.dask.scheduler.pathdask_stats))
-
-    def timeline(self, since: float = 0.0) -> dict[int, list[tuple[float, float, str, str, str]]]:
-        """Per device, ``(start, end, program, gang, client id)`` of recent gangs.
-
-        Times are ``time.perf_counter()`` of the hosts (one clock on one machine).
-        """
-        return dict(self.dask.sync(self.dask.scheduler.pathdask_timeline, since=since))
 
     def transfers(self) -> xr.Dataset:
         """Recent modelled transfers between devices, every client's: an ``xarray.Dataset``
@@ -357,12 +348,9 @@ class Client:
             graph, keys, out_keys = build_sequential_graph(pid, program, plans, inputs, self.id, arg_keys)
         else:
             self._send_plans(plans)
-            if self._calls and all(p.id for p in plans.values()):
-                call, keys, out_keys = build_call(pid, plans, inputs)
-                by_key = dict(zip(keys, self._send_call(call, keys, keepalive)))
-                return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
-            payloads: dict[str, HostPlan | str] = {a: p.id for a, p in plans.items() if p.id}
-            graph, keys, out_keys = build_graph(pid, plans, inputs, self.id, payloads)
+            call, keys, out_keys = build_call(pid, plans, inputs)
+            by_key = dict(zip(keys, self._send_call(call, keys, keepalive)))
+            return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
         futures = self.dask.get(graph, keys, sync=False)
         by_key = dict(zip(keys, futures))
         self._hold(pid, futures, keepalive)
@@ -376,35 +364,33 @@ class Client:
         the event loop sends the first go with it, as one message. The arrays it ``reads``
         are kept until it is sent: a release sent after it reaches the hosts after it.
         """
-        dc = self.dask
-        with dc._refcount_lock:
-            futures: list[Future] = [Future(k, dc) for k in keys]
-            with self._lock:
-                for a in reads:
-                    a._readers += 1
-                self._waiting_calls.append((call, reads))
-                first = len(self._waiting_calls) == 1
-            if first:
-                # Queued as Dask queues each message it sends: before anything sent after this
-                # call (a graph, the release of one of these keys), which the flush thus precedes.
-                assert dc.loop is not None
-                dc.loop.add_callback(self._flush_calls)
+        futures = new_futures(self.dask, keys)
+        with self._lock:
+            for a in reads:
+                a._readers += 1
+            self._waiting_calls.append((call, reads))
+            first = len(self._waiting_calls) == 1
+        if first:
+            # Queued as Dask queues each message it sends: before anything this thread sends
+            # after this call (a graph, the release of one of these keys), which the flush
+            # thus precedes.
+            assert self.dask.loop is not None
+            self.dask.loop.add_callback(self._flush_calls)
         return futures
 
     def _flush_calls(self) -> None:
         """Put the calls not sent yet on the Dask client's stream, as one message (event loop).
 
-        Straight onto the stream, as Dask's own queued messages go
-        (``_send_to_scheduler_safe``): queuing it again would let it fall behind them.
-        It goes at once, with the releases queued before it (``streams.py``).
+        Straight onto the stream, as Dask's own queued messages go (``compat.client_send``):
+        queuing it again would let it fall behind them. It goes at once, with the releases
+        queued before it (``streams.py``).
         """
         with self._lock:
             waiting, self._waiting_calls = self._waiting_calls, []
         if not waiting:
             return
         try:
-            self.dask._send_to_scheduler_safe({"op": CALL_OP, "calls": [call for call, _ in waiting]})
-            flush(self.dask.scheduler_comm)
+            client_send(self.dask, {"op": CALL_OP, "calls": [call for call, _ in waiting]})
         finally:  # sent, or never to be: either way no host will count these reads later
             self._unread([a for _, reads in waiting for a in reads])
 
