@@ -10,17 +10,17 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dask
 import numpy as np
+import xarray as xr
 from dask.utils import parse_bytes, parse_timedelta
 from distributed import Client as DaskClient
 from distributed import Future
 from distributed.protocol import to_serialize
 
 from ..compat import client_send, new_futures
-from ..diagnosis import Diagnosis
 from ..errors import ClientClosedError, DeviceLostError, MeshError, ShardingError
 from ..gather import gather, raise_reply_error
 from ..mesh import Mesh, check_shape
@@ -32,10 +32,8 @@ from .array import ShardedArray
 from .calls import CALL_OP, build_call
 from .fetch import HOST_CHECK_AFTER, HostSockets, Unreachable
 from .lowering import build_sequential_graph, lower
+from .observe import Observed, Observer
 from .program import Program
-
-if TYPE_CHECKING:
-    import xarray as xr
 
 __all__ = ["Client", "connect"]
 
@@ -45,7 +43,7 @@ logger = logging.getLogger("pathdask.client")
 PLANS_REMEMBERED = PLANS_PER_CLIENT // 2
 
 
-class Client:
+class Client(Observed):
     """A pathdask client: asks for meshes, puts arrays, and dispatches programs.
 
     Parameters
@@ -94,6 +92,7 @@ class Client:
                 "it with pathdask.LocalSystem, or with `dask scheduler --preload pathdask.preload`"
             )
         self.topology = Topology.from_dict(info["topology"])
+        self._observe = Observer(self.dask)
         #: results come over the hosts' socket transports where they have them (``fetch.py``)
         self._sockets: HostSockets | None = None
         if info.get("transports") and dask.config.get("pathdask.transport") == "socket":
@@ -104,6 +103,10 @@ class Client:
 
     def _new_pid(self) -> str:
         return f"{self._pid_prefix}{next(self._pids):08x}"
+
+    @property
+    def _observer(self) -> Observer:
+        return self._observe
 
     @property
     def id(self) -> str:
@@ -150,10 +153,6 @@ class Client:
                     "client.mesh(...), and move arrays between clients through NumPy"
                 )
 
-    def devices(self) -> list[dict[str, Any]]:
-        """Every device with its island, host, slices and state."""
-        return list(self.dask.sync(self.dask.scheduler.pathdask_info)["devices"])
-
     def lost_devices(self) -> list[int]:
         """Ids of the topology's devices that are not live now (their host left, or never came).
 
@@ -163,34 +162,6 @@ class Client:
         live = {d["id"] for d in self.devices()}
         return sorted(set(range(self.topology.num_devices)) - live)
 
-    def device_stats(self) -> dict[str, Any]:
-        """Per device bytes in use, capacity, peak, busy time and gangs run; per link class and
-        per host NIC (``"island/host"``, ``send`` and ``recv``): bytes, transfers, busy seconds
-        and the longest queue."""
-        return dict(self.dask.sync(self.dask.scheduler.pathdask_stats))
-
-    def transfers(self) -> xr.Dataset:
-        """Recent modelled transfers between devices, every client's: an ``xarray.Dataset``
-        with dim ``transfer`` (see :func:`pathdask.dashboard.trace.transfers_dataset`)."""
-        from ..dashboard.trace import transfers_dataset
-
-        return transfers_dataset(self.dask.sync(self.dask.scheduler.pathdask_transfers))
-
-    def reset_observations(self) -> None:
-        """Forget the recorded idle gaps, timelines and transfers on every host."""
-        self.dask.sync(self.dask.scheduler.pathdask_reset_observations)
-
-    def trace(self, timeout: Any = "10s") -> xr.Dataset:
-        """Device activity as an ``xarray.Dataset`` (dims ``device`` x ``event``), every client's.
-
-        Programs running when it is called are waited for (up to ``timeout``), so
-        that their gangs are in it. ``trace.pathdask.plot()`` draws it; see
-        :mod:`pathdask.dashboard.trace` for its variables.
-        """
-        from ..dashboard.trace import to_dataset
-
-        return to_dataset(self.dask.sync(self.dask.scheduler.pathdask_trace, timeout=timeout))
-
     # -- data ----------------------------------------------------------------------
     def put(self, array: Any, mesh: Mesh, spec: PartitionSpec | Mapping[str, str | tuple[str, ...] | None] | None = None) -> ShardedArray:
         """Split ``array`` over ``mesh`` by ``spec`` and store the blocks on the devices.
@@ -199,8 +170,6 @@ class Client:
         ``xarray.DataArray`` (``spec`` a mapping ``{dim: mesh_axis}``; its dims,
         coords, attrs and name come back with ``to_xarray()``).
         """
-        import xarray as xr
-
         meta = None
         if isinstance(array, xr.DataArray):
             mapping = dict(spec or {}) if not isinstance(spec, PartitionSpec) else None
@@ -522,7 +491,7 @@ class Client:
                 self._sockets = None
             except TimeoutError:
                 assert seconds is not None
-                raise _not_ready(array, seconds, self.dask.sync(self._waiting_for, array._pid)) from None
+                raise _not_ready(array, seconds, self.dask.sync(self._observer.waiting_for, array._pid)) from None
 
         async def ask(addr: str, buffers: list[tuple[str, int, int]]) -> dict[str, Any]:
             return dict(await self._ask_host(addr, "pathdask_fetch", "holds shards of this array",
@@ -536,39 +505,11 @@ class Client:
                 return await asyncio.wait_for(gather(array.ref, ask, avoid), seconds)
             except TimeoutError:
                 assert seconds is not None
-                raise _not_ready(array, seconds, await self._waiting_for(array._pid)) from None
+                raise _not_ready(array, seconds, await self._observer.waiting_for(array._pid)) from None
 
         return self.dask.sync(fetch)
 
-    # -- diagnosis -----------------------------------------------------------------
-    def diagnose(self) -> Diagnosis:
-        """What every device is doing or waiting for, and every client's queue.
-
-        Examples
-        --------
-        >>> print(client.diagnose())    # doctest: +SKIP
-        devices:
-          device 0 (island 0 host 0): waiting for pieces from devices [2] in collective #0 of ...
-        """
-        return Diagnosis.from_reply(self.dask.sync(self.dask.scheduler.pathdask_diagnose))
-
-    async def _waiting_for(self, pid: str) -> str:
-        """A sentence on what program ``pid`` waits for, for timeout messages (event loop)."""
-        try:
-            waits = Diagnosis.from_reply(await self.dask.scheduler.pathdask_diagnose()).waiting(pid)
-        except Exception as e:  # noqa: BLE001 - the timeout is the error; this only explains it
-            return f"(Its state could not be read: {type(e).__name__}: {e})"
-        if not waits:
-            return "No device is waiting inside it: it waits for its slot or for earlier programs."
-        from ..diagnosis import describe
-
-        return "Waiting: " + "; ".join(describe(s) for s in waits)
-
     # -- lifecycle -----------------------------------------------------------------
-    def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
-        """Wait until no device holds a buffer; raises ``TimeoutError`` otherwise."""
-        return dict(self.dask.sync(self.dask.scheduler.pathdask_wait_idle, timeout=timeout))
-
     def close(self) -> None:
         """Close this client: its slices are released and its pending programs dropped."""
         if self._closed:
