@@ -24,8 +24,9 @@ from dask._task_spec import Task, TaskRef
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from ..ops import GangSpec, HostPlan, KernelOp, Op, ReshardOp, dispatch_key, gang_key, output_key
+from ..worker.tasks import dispatch_task, output_task, run_gang_task
 from .graph import GangShard, ProgramGraph, layered_graph
-from .program import Program
+from .tracing import Program
 
 
 def lower(program: Program, overlap: bool = True) -> dict[str, HostPlan]:
@@ -156,8 +157,6 @@ def build_sequential_graph(pid: str, program: Program, plans: dict[str, HostPlan
     of the program's arguments (ready once their producer ran). So each gang pays
     a full trip through the Dask scheduler, as in the paper's sequential dispatch.
     """
-    from ..worker.tasks import dispatch_task, output_task, run_gang_task
-
     out_keys = _output_keys(pid, plans)
     hosts = {addr: h for h, addr in enumerate(plans)}
     layers: dict[str, MaterializedLayer] = {}

@@ -48,7 +48,7 @@ import numpy as np
 import simpy
 import xarray as xr
 
-from ..client.program import Program
+from ..client.tracing import Program
 from ..dashboard.trace import to_dataset, transfers_dataset
 from ..scheduler.calls import CALL_SLICE
 from ..scheduler.order import IslandScheduler, Submission
