@@ -46,7 +46,7 @@ class Hosts:
             security = self.dask.security
             self._sockets = HostSockets(info["transport_token"], info["transports"],
                                         security.get_connection_args("client").get("ssl_context"),
-                                        self._transport_of, self._hosts_gone)
+                                        self.transport_of, self.hosts_gone)
 
     async def ask(self, addr: str, handler: str, role: str, **kwargs: Any) -> Any:
         """Call ``handler`` on host ``addr``; ``DeviceLostError`` as soon as the host is known gone.
@@ -102,11 +102,11 @@ class Hosts:
 
         return self.dask.sync(fetch)
 
-    def _hosts_gone(self, hosts: list[str]) -> list[str]:
+    def hosts_gone(self, hosts: list[str]) -> list[str]:
         """Which of ``hosts`` have left the cluster."""
         return list(self.dask.sync(self.dask.scheduler.pathdask_hosts_gone, hosts=hosts))
 
-    def _transport_of(self, host: str) -> str | None:
+    def transport_of(self, host: str) -> str | None:
         """Where host ``host``'s socket transport listens now; ``None`` if it has left."""
         found = self.dask.sync(self.dask.scheduler.pathdask_transport_of, host=host)
         return None if found is None else str(found)
