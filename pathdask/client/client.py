@@ -223,7 +223,7 @@ class Client(Observed):
         return elastic.recover(self, arrays, mesh)
 
     def suspend_on_interruption(self, path: str | os.PathLike[str],
-                                state: Mapping[str, ShardedArray] | Callable[[], Mapping[str, ShardedArray]]) -> Any:
+                                state: Mapping[str, ShardedArray] | Callable[[], Mapping[str, ShardedArray]]) -> checkpoint.Interruption:
         """When a host this client uses leaves on purpose (``retire_workers``, SIGTERM to
         ``dask worker``), suspend ``state`` (a mapping, or a callable returning one) to
         ``path`` before the host goes; it waits up to ``pathdask.suspend-timeout``.
