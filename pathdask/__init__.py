@@ -10,7 +10,8 @@ from . import pipeline  # pathdask.pipeline: GPipe and 1F1B over stage meshes
 from .client.array import ShardedArray
 from .client.client import Client, connect
 from .client.function import Function, function
-from .client.program import Program, ProgramFunction, program
+from .client.program import ProgramFunction, program
+from .client.tracing import Program
 from .collectives import (
     all_gather,
     all_to_all,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from . import SliceTooLargeError, TopologyError, __version__
+from .protocol import Diagnose, ask
 
 
 class _Group(click.Group):
@@ -81,7 +82,7 @@ def doctor(address: str, timeout: str) -> None:
 
     try:
         with DaskClient(address, timeout=timeout, set_as_default=False) as dask_client:
-            reply = dask_client.sync(dask_client.scheduler.pathdask_diagnose)
+            reply = dask_client.sync(ask, dask_client.scheduler, Diagnose())
     except OSError as e:
         raise click.ClickException(f"cannot reach the scheduler at {address}: {e}") from e
     if not isinstance(reply, dict):

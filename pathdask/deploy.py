@@ -25,12 +25,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 import yaml
-from distributed import Client as DaskClient
 
-from .client.client import Client
+from .protocol import WaitHosts
+from .systems import System
 from .topology import Topology
 
 __all__ = ["CliSystem", "dask_command", "stop_processes"]
@@ -61,7 +61,7 @@ def stop_processes(procs: list[tuple[str, subprocess.Popen[bytes]]]) -> None:
                 proc.wait(timeout=10)
 
 
-class CliSystem:
+class CliSystem(System):
     """A scheduler and one worker per host, started as subprocesses with the dask CLI.
 
     Parameters
@@ -78,17 +78,15 @@ class CliSystem:
     """
 
     def __init__(self, topology: Topology, *, dashboard: bool = False, timeout: float = 60.0) -> None:
-        self.topology = topology
+        super().__init__(topology)
         self.dashboard = dashboard
         self.timeout = timeout
         self.workdir = Path(tempfile.mkdtemp(prefix="pathdask-cli-"))
         self.procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
         self.address = ""
-        self._admin: DaskClient | None = None
-        self._clients: list[Client] = []
 
     # -- lifecycle ---------------------------------------------------------------
-    def start(self) -> CliSystem:
+    def start(self) -> Self:
         try:
             self._start()
         except BaseException:
@@ -113,11 +111,9 @@ class CliSystem:
                 "--local-directory", str(self.workdir / f"host{host}"), "--death-timeout", "60",
                 "--preload", "pathdask.preload", "--pathdask-host", str(host),
             ])
-        self._admin = DaskClient(self.address, set_as_default=False)
-        admin = self._admin
+        self._connect_admin(self.address)
         n = self.topology.num_hosts
-        self._wait(lambda: admin.sync(admin.scheduler.pathdask_wait_hosts, n=n, timeout="1s"),
-                   f"{n} pathdask hosts")
+        self._wait(lambda: self._admin_call(WaitHosts(n, "1s")), f"{n} pathdask hosts")
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in close()
@@ -150,33 +146,18 @@ class CliSystem:
         proc = next(p for name, p, _ in self.procs if name == f"host{host}")
         proc.send_signal(signum)
 
-    def log(self, name: str, lines: int = 30) -> str:
-        """The last ``lines`` of a process's log (``scheduler``, ``host0``, ...)."""
-        text = (self.workdir / f"{name}.log").read_text(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
+    @property
+    def client_address(self) -> str:
+        return self.address
 
-    def close(self) -> None:
-        for c in self._clients:
-            c.close()
-        self._clients.clear()
-        if self._admin is not None:
-            self._admin.close()
-            self._admin = None
+    def _stop(self) -> None:
         stop_processes([(n, p) for n, p, _ in self.procs])
         for _, _, log in self.procs:
             log.close()
         self.procs.clear()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> CliSystem:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    # -- use -------------------------------------------------------------------------
-    def client(self, name: str = "client", weight: float = 1.0) -> Client:
-        """A new pathdask client (one tenant) connected to this system."""
-        c = Client(self.address, name=name, weight=weight)
-        self._clients.append(c)
-        return c
+    def log(self, name: str, lines: int = 30) -> str:
+        """The last ``lines`` of a process's log (``scheduler``, ``host0``, ...)."""
+        text = (self.workdir / f"{name}.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])

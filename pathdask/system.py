@@ -7,19 +7,15 @@ import logging
 import signal
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Self
 
 from distributed import Client as DaskClient
 from distributed import LocalCluster, Scheduler, Security
 
-from .client.client import Client
-from .diagnosis import Diagnosis
-from .interrupts import unwinding
+from .protocol import Info, WaitHosts
 from .scheduler.plugin import PathwaysScheduler
+from .systems import System
 from .topology import Topology
-
-if TYPE_CHECKING:
-    import xarray as xr
 
 __all__ = ["LocalSystem", "default_topology"]
 
@@ -53,7 +49,7 @@ def _stop_heartbeat(dask_worker: Any) -> None:
     dask_worker.periodic_callbacks["heartbeat"].stop()
 
 
-class LocalSystem:
+class LocalSystem(System):
     """A ``LocalCluster`` with one worker per host and pathdask's plugins installed.
 
     Parameters
@@ -88,8 +84,8 @@ class LocalSystem:
                  policy: str | None = None, ordering: bool = True, dispatch_jitter: float = 0.0,
                  silence_logs: int = logging.ERROR, security: Security | bool | None = None,
                  **cluster_kwargs: Any) -> None:
-        self.topology = topology or default_topology()
-        self.security = Security.temporary() if security is True else security or None
+        super().__init__(topology or default_topology(),
+                         Security.temporary() if security is True else security or None)
         self._plugin = PathwaysScheduler(self.topology, ordering=ordering, dispatch_jitter=dispatch_jitter,
                                          policy=policy)
         self._dashboard = dashboard_address is not None
@@ -120,18 +116,16 @@ class LocalSystem:
             worker_dashboard_address=None, silence_logs=silence_logs, **cluster_kwargs,
         )
         self.cluster: LocalCluster | None = None
-        self._admin: DaskClient | None = None
-        self._clients: list[Client] = []
 
-    def start(self) -> LocalSystem:
+    def start(self) -> Self:
         if self.cluster is not None:
             return self
         with _workers_ignore_interrupts(self._cluster_kwargs["processes"]):
             self.cluster = LocalCluster(**self._cluster_kwargs)
         try:
-            self._admin = DaskClient(self.cluster, set_as_default=False, security=self.security)
-            self._admin.register_plugin(self._plugin, name="pathdask")
-            self._admin.sync(self._admin.scheduler.pathdask_wait_hosts)
+            admin = self._connect_admin(self.cluster)
+            admin.register_plugin(self._plugin, name="pathdask")
+            self._admin_call(WaitHosts())
         except BaseException:
             self.close()
             raise
@@ -157,7 +151,7 @@ class LocalSystem:
         rows: list[tuple[str, Any]] = [("topology", self.topology.describe())]
         if self.cluster is None:
             return card("pathdask.LocalSystem", "not started", table([*rows, ("status", "not started")]))
-        info = self._admin_call("pathdask_info")
+        info = self._admin_call(Info())
         rows += [
             ("scheduler", self.cluster.scheduler_address),
             ("dashboard", link(self.dashboard_link) if self.dashboard_link else "off"),
@@ -190,65 +184,17 @@ class LocalSystem:
                         if ln.contact_address.startswith("inproc://"))
         return cluster.scheduler_address
 
-    def client(self, name: str = "client", weight: float = 1.0) -> Client:
-        """A new pathdask client (one tenant) connected to this system."""
-        cluster = self._require()
+    def _client_loop(self) -> Any:
         # on the scheduler's own event loop, as Dask's ``Client(cluster)``: a call and its
         # reports pass between client and scheduler with no thread hand-off
-        c = Client(self.client_address, name=name, weight=weight, security=self.security, loop=cluster.loop)
-        self._clients.append(c)
-        return c
+        return self._require().loop
 
-    def _admin_call(self, handler: str, **kwargs: Any) -> Any:
-        assert self._admin is not None
-        return self._admin.sync(getattr(self._admin.scheduler, handler), **kwargs)
-
-    def device_stats(self) -> dict[str, Any]:
-        """Per device bytes in use, capacity, peak, busy time and gangs run; per link class and
-        per host NIC; see :meth:`pathdask.Client.device_stats`."""
-        return dict(self._admin_call("pathdask_stats"))
-
-    def devices(self) -> list[dict[str, Any]]:
-        """Every device with its island, host, slices and state."""
-        return list(self._admin_call("pathdask_info")["devices"])
-
-    def diagnose(self) -> Diagnosis:
-        """Per device: what it runs or waits for, and its queue; per client: its programs.
-
-        ``print(system.diagnose())`` is the first thing to read when a notebook seems stuck.
-        """
-        return Diagnosis.from_reply(self._admin_call("pathdask_diagnose"))
-
-    def trace(self, timeout: Any = "10s") -> xr.Dataset:
-        """Device activity as an ``xarray.Dataset``; see :meth:`pathdask.Client.trace`."""
-        from .dashboard.trace import to_dataset
-
-        return to_dataset(self._admin_call("pathdask_trace", timeout=timeout))
-
-    def transfers(self) -> xr.Dataset:
-        """Recent modelled transfers; see :meth:`pathdask.Client.transfers`."""
-        from .dashboard.trace import transfers_dataset
-
-        return transfers_dataset(self._admin_call("pathdask_transfers"))
-
-    def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
-        """Wait until no device holds a buffer; returns the stats, or raises ``TimeoutError``."""
-        return dict(self._admin_call("pathdask_wait_idle", timeout=timeout))
-
-    def close(self) -> None:
-        for c in self._clients:
-            c.close()
-        self._clients.clear()
-        if self._admin is not None:
-            self._quiesce(self._admin)
-            self._admin.close()
-            self._admin = None
+    def _stop(self) -> None:
         if self.cluster is not None:
             self.cluster.close()
             self.cluster = None
 
-    @staticmethod
-    def _quiesce(admin: DaskClient) -> None:
+    def _before_admin_closes(self, admin: DaskClient) -> None:
         """Stop the workers' heartbeats before the cluster closes.
 
         A worker that closes while its heartbeat is in flight aborts the heartbeat's
@@ -257,11 +203,3 @@ class LocalSystem:
         """
         with contextlib.suppress(Exception):
             admin.run(_stop_heartbeat, on_error="ignore")
-
-    def __enter__(self) -> LocalSystem:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, *exc: Any) -> None:
-        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
-            unwinding()  # a second Ctrl-C must not cut the shutdown short
-        self.close()

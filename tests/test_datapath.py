@@ -77,7 +77,7 @@ def test_results_come_over_the_hosts_sockets_and_a_host_lets_an_abandoned_fetch_
     mesh = client.mesh({"x": 4}, island=0)
     x = client.put(np.arange(4.0), mesh, P("x"))
     np.testing.assert_array_equal(x.result(), np.arange(4.0))
-    assert client._sockets is not None and all(client._sockets.idle[a] for a in mesh.hosts)
+    assert client._hosts._sockets is not None and all(client._hosts._sockets.idle[a] for a in mesh.hosts)
     y = pw.function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=4.0)(x)
     with pytest.raises(TimeoutError, match=r"not ready within 0.2s"):
         y.result(timeout=0.2)
@@ -95,14 +95,14 @@ def test_a_client_that_cannot_reach_the_hosts_sockets_fetches_over_dask_comms(sy
     lets only Dask's ports through), results come over Dask's comms, with a warning."""
     mesh = client.mesh({"x": 4}, island=0)
     x = client.put(np.arange(4.0), mesh, P("x"))
-    sockets = client._sockets
+    sockets = client._hosts._sockets
     assert sockets is not None
     sockets.close()  # no idle connection left to reuse
     sockets.closed, sockets.addresses = False, {}
     sockets.lookup = lambda host: "127.0.0.1:1"  # nothing listens there: refused
     with caplog.at_level("WARNING", logger="pathdask.client"):
         np.testing.assert_array_equal(x.result(timeout=30), np.arange(4.0))
-    assert client._sockets is None
+    assert client._hosts._sockets is None
     assert "cannot be reached from this client" in caplog.text
     np.testing.assert_array_equal(x.result(timeout=30), np.arange(4.0))
     del x
@@ -115,16 +115,16 @@ def test_a_fetch_asks_the_scheduler_whether_its_hosts_left(system, client):
 
     mesh = client.mesh({"x": 4}, island=0)
     host = mesh.hosts[0]
-    assert client._hosts_gone([host, "tcp://127.0.0.1:1"]) == ["tcp://127.0.0.1:1"]
+    assert client._hosts.hosts_gone([host, "tcp://127.0.0.1:1"]) == ["tcp://127.0.0.1:1"]
     x = client.put(np.arange(4.0), mesh, P("x"))
     y = pw.function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=3.0)(x)
-    sockets = client._sockets
+    sockets = client._hosts._sockets
     assert sockets is not None
     asked: list[list[str]] = []
     sockets.gone = lambda hosts: asked.append(hosts) or hosts  # as if they had all left
     with pytest.raises(pw.DeviceLostError, match="left the cluster"):
         y.result(timeout=30)
     assert asked == [sorted(mesh.hosts)]
-    sockets.gone = client._hosts_gone
+    sockets.gone = client._hosts.hosts_gone
     np.testing.assert_array_equal(y.result(timeout=30), np.arange(4.0) + 1.0)
     del x, y

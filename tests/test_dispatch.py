@@ -97,25 +97,3 @@ def test_sequential_dispatch_has_a_task_per_shard_per_gang(system, client):
             assert graphs()[before:] == expected, mode
     finally:
         client.dask.unregister_scheduler_plugin("task-counter")
-
-
-def test_without_calls_a_program_is_one_graph_of_a_dispatch_task_per_host(system, client):
-    """Where the scheduler cannot make a call's keys itself (``scheduler/calls.supported``), a
-    call goes as a graph: per host one dispatch task and one output task per output held there."""
-    client.dask.register_plugin(TaskCounter(), name="task-counter")
-    client._calls = False
-    try:
-        mesh = client.mesh({"x": 4}, island=0)
-        a = client.put(np.ones(4), mesh, P("x"))
-        np.testing.assert_allclose(a.result(), np.ones(4))
-        before = len(client.dask.run_on_scheduler(
-            lambda dask_scheduler: dask_scheduler.plugins["task-counter"].graphs))
-        y = step(step(a))
-        np.testing.assert_allclose(y.result(), np.full(4, 9.0))  # (1*4*0.5 + 1) = 3, then 3*4*0.5 + 3 = 9
-        graphs = client.dask.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["task-counter"].graphs)
-        # each function call is a one-gang program: a graph each, of 2 tasks per host
-        assert graphs[before:] == [2 * len(mesh.hosts)] * 2, graphs[before:]
-        del a, y
-    finally:
-        client._calls = True
-        client.dask.unregister_scheduler_plugin("task-counter")

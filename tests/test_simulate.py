@@ -107,7 +107,7 @@ def test_calls_made_back_to_back_go_as_one_message_taken_in_slices() -> None:
     import sys
     from dataclasses import replace
 
-    from pathdask.scheduler.calls import CALL_SLICE
+    from pathdask.scheduler.plugin import CALL_SLICE
 
     topo, prog = _one_gang(0.0)
     call_s, take_s = 1e-4, 0.4 * CALL_SLICE
@@ -139,7 +139,7 @@ def test_the_scheduler_takes_pipelined_calls_in_at_its_handlers_cost_and_does_th
     call that travels alone pays all of it as it is taken in."""
     from dataclasses import replace
 
-    from pathdask.scheduler.calls import CALL_SLICE
+    from pathdask.scheduler.plugin import CALL_SLICE
 
     from pathdask.simulate.run import Simulation
 

@@ -37,7 +37,7 @@ from ..streams import pace
 from ..system import LocalSystem, default_topology
 from ..topology import Topology
 from .multicontroller import run_multicontroller
-from .report import best_rate, idle_gaps, median, save_plots, table, timed, write_json
+from .report import best_rate, idle_gaps, median, save_plots, table, timed, window, write_json
 
 SHAPES = ("OpByOp", "Chained", "Fused")
 Echo = Callable[[str], Any]
@@ -282,10 +282,10 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
 
         # -- Figure 5: the three shapes, cost 0 ------------------------------------
         client.reset_observations()
-        since = time.perf_counter()
+        since = time.time()
         rates = _rates(client, workers, x, 0.0, cfg.computations, cfg)
-        timeline = client.timeline(since)
-        gaps = idle_gaps({d: [t for t in spans if t[3] == "allreduce_add"] for d, spans in timeline.items()})
+        trace = window(client.trace(), since)
+        gaps = idle_gaps(window(trace, gang="allreduce_add"))
         mc = rates["multi-controller"]
         rows = [[name, *(r.get(s) for s in SHAPES), *(_ratio(r.get(s), mc.get(s)) for s in SHAPES)]
                 for name, r in rates.items()]
@@ -389,7 +389,7 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
          "series": {n: (list(cfg.costs), [v[c] for c in cfg.costs]) for n, v in sweep.items()}},
         {"title": "Figure 7: pipeline throughput", "x_label": "stages", "y_label": "computations/s",
          "series": {m: (list(r), list(r.values())) for m, r in pipes.items()}},
-    ], timeline)
+    ], trace)
     write_json(f"{out}/dispatch.json", result)
     echo(f"wrote {out}/dispatch.json and {html}")
     return result

@@ -9,6 +9,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import xarray as xr
+
+from ..dashboard.trace import gangs_of, to_dataset
+
 
 def best_rate(run: Callable[[], float], count: int, repeats: int) -> float:
     """Computations per second of the fastest of ``repeats`` runs; ``run`` returns seconds."""
@@ -48,24 +52,38 @@ def median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def idle_gaps(timeline: dict[int, list[Any]]) -> list[float]:
-    """Idle time between consecutive gangs of one program on each device."""
+def window(trace: xr.Dataset, since: float | None = None, until: float | None = None,
+           gang: str | None = None) -> xr.Dataset:
+    """The gangs of a trace (``client.trace()``) that started at or after ``since`` and before
+    ``until`` (wall-clock seconds, ``time.time()``), named ``gang`` if given; a trace again."""
+    cols = gangs_of(trace)
+    keep = [i for i, (s, g) in enumerate(zip(cols["start"], cols["gang"]))
+            if (since is None or s >= since) and (until is None or s < until) and (gang is None or g == gang)]
+    names = {str(i): str(n) for i, n in zip(trace["client_id"].values.ravel(), trace["client"].values.ravel()) if i}
+    return to_dataset({"gangs": {k: [v[i] for i in keep] for k, v in cols.items()}, "clients": names,
+                       "devices": [int(d) for d in trace["device"].values]})
+
+
+def idle_gaps(trace: xr.Dataset) -> list[float]:
+    """Idle time between consecutive gangs of one program on each device of a trace."""
+    cols = gangs_of(trace)
+    spans: dict[int, list[tuple[float, float, str]]] = {}
+    for d, s, e, p in zip(cols["device"], cols["start"], cols["end"], cols["program"]):
+        spans.setdefault(d, []).append((s, e, p))
     gaps = []
-    for spans in timeline.values():
-        spans = sorted(spans)
-        for a, b in zip(spans, spans[1:]):
+    for device in spans.values():
+        device.sort()
+        for a, b in zip(device, device[1:]):
             if a[2] == b[2]:  # same program
                 gaps.append(max(0.0, b[0] - a[1]))
     return gaps
 
 
-def save_plots(path: str, title: str, curves: list[dict[str, Any]],
-               timeline: dict[int, list[Any]] | None = None, names: dict[str, str] | None = None) -> str:
+def save_plots(path: str, title: str, curves: list[dict[str, Any]], trace: xr.Dataset | None = None) -> str:
     """Save line plots (``{"title", "x_label", "y_label", "series": {name: (xs, ys)}, "log_x"}``)
-    and optionally a device timeline (coloured by client, named by ``names``), as one Bokeh HTML file."""
+    and optionally a trace's device timeline (coloured by client), as one Bokeh HTML file."""
     from bokeh.embed import file_html
     from bokeh.layouts import column
-    from bokeh.models import ColumnDataSource
     from bokeh.palettes import Category10_10
     from bokeh.plotting import figure
     from bokeh.resources import INLINE
@@ -82,26 +100,8 @@ def save_plots(path: str, title: str, curves: list[dict[str, Any]],
         if fig.renderers:  # a plot with no points has no legend to place
             fig.legend.location = "top_left"
         figs.append(fig)
-    if timeline:
-        t0 = min(s for spans in timeline.values() for s, *_ in spans) if any(timeline.values()) else 0.0
-        names = names or {}
-        clients = sorted({t[4] for spans in timeline.values() for t in spans})
-        colors = {c: Category10_10[i % 10] for i, c in enumerate(clients)}
-        src: dict[str, list[Any]] = {k: [] for k in ("left", "right", "bottom", "top", "gang", "client", "color")}
-        for dev, spans in timeline.items():
-            for t in spans:
-                src["left"].append((t[0] - t0) * 1e3)
-                src["right"].append((t[1] - t0) * 1e3)
-                src["bottom"].append(dev - 0.4)
-                src["top"].append(dev + 0.4)
-                src["gang"].append(t[3])
-                src["client"].append(names.get(t[4], t[4]))
-                src["color"].append(colors[t[4]])
-        fig = figure(title="device timeline (colour: client)", x_axis_label="ms", y_axis_label="device",
-                     width=800, height=300, tooltips=[("gang", "@gang"), ("client", "@client")])
-        fig.quad(source=ColumnDataSource(src), left="left", right="right", bottom="bottom", top="top",
-                 color="color")
-        figs.append(fig)
+    if trace is not None and trace.sizes["event"]:
+        figs.append(trace.pathdask.plot(width=800, height=300, sizing_mode="fixed"))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         f.write(file_html(column(*figs), INLINE, title))

@@ -2,8 +2,8 @@
 
 - **Figure 9**: 4 clients with weights 1:1:1:1, then 1:2:4:8, keep small
   gang-scheduled programs in flight on the same devices under proportional
-  share. Each client's share of device time is measured from the devices'
-  timelines, over the interval in which every client had work queued.
+  share. Each client's share of device time is measured from the system's
+  trace (``client.trace()``), over the interval in which every client had work queued.
 - **Figure 8**: 1 to 16 concurrent clients each run small programs one after
   another (each waits for its result, as an interactive client would). The
   aggregate computations/s show what time-multiplexing costs, and that clients
@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from .. import P, function, pmean, program
+from ..dashboard.trace import gangs_of
 from ..system import LocalSystem, default_topology
 from ..topology import Topology
-from .report import save_plots, table, write_json
+from .report import save_plots, table, window, write_json
 
 Echo = Callable[[str], Any]
 
@@ -96,22 +97,22 @@ def _shares(system: LocalSystem, cfg: Config, weights: tuple[float, ...], echo: 
     for t in threads:
         t.start()
     ready.wait()
-    start = time.perf_counter()
+    start = time.time()  # wall clock, as a trace's times are
     time.sleep(cfg.share_seconds)  # the measurement window: the tenants work meanwhile
-    end = time.perf_counter()
+    end = time.time()
     stop.set()
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
-    timeline = clients[0].timeline(start)
+    trace = window(clients[0].trace(), start)
     busy: dict[str, float] = {c.id: 0.0 for c in clients}
     ops: dict[str, int] = {c.id: 0 for c in clients}
-    for spans in timeline.values():
-        for s, e, _pid, _gang, client in spans:
-            if client in busy and s < end:
-                busy[client] += min(e, end) - s
-                ops[client] += int(s >= start)
+    gangs = gangs_of(trace)
+    for s, e, client in zip(gangs["start"], gangs["end"], gangs["client"]):
+        if client in busy and s < end:
+            busy[client] += min(e, end) - s
+            ops[client] += 1
     total = sum(busy.values()) or 1.0
     share = [busy[c.id] / total for c in clients]
     expected = [w / sum(weights) for w in weights]
@@ -123,8 +124,7 @@ def _shares(system: LocalSystem, cfg: Config, weights: tuple[float, ...], echo: 
         "ops_share": [ops[c.id] / (sum(ops.values()) or 1) for c in clients],
         "expected": expected,
         "relative_error": [abs(s - x) / x for s, x in zip(share, expected)],
-        "timeline": {d: [t for t in spans if t[0] < start + 0.2] for d, spans in timeline.items()},
-        "names": {c.id: c.name for c in clients},
+        "trace": window(trace, until=start + 0.2),
     }
     for c in clients:
         c.close()
@@ -226,7 +226,7 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
         echo(table(["weights", "measured share", "expected share", "max relative error"],
                    [[":".join(f"{w:g}" for w in s["weights"]), " ".join(f"{x:.3f}" for x in s["share"]),
                      " ".join(f"{x:.3f}" for x in s["expected"]), max(s["relative_error"])] for s in shares]))
-        result["figure9"] = [{k: v for k, v in s.items() if k not in ("timeline", "names")} for s in shares]
+        result["figure9"] = [{k: v for k, v in s.items() if k != "trace"} for s in shares]
 
         rates: dict[float, dict[int, float]] = {}
         procs: dict[float, dict[int, float]] = {}
@@ -259,7 +259,7 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
     html = save_plots(f"{out}/tenancy.html", "pathdask bench tenancy", [
         {"title": "Figure 8: aggregate throughput by number of clients", "x_label": "clients",
          "y_label": "gangs/s", "series": {f"{c:g} s gangs": (list(r), list(r.values())) for c, r in rates.items()}},
-    ], last["timeline"], last["names"])
+    ], last["trace"])
     write_json(f"{out}/tenancy.json", result)
     echo(f"wrote {out}/tenancy.json and {html}")
     return result

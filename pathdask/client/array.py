@@ -5,49 +5,32 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import xarray as xr
 from dask.highlevelgraph import HighLevelGraph
+from dask.utils import format_bytes
 
 from ..errors import ClientClosedError
 from ..gather import OutputRef
+from ..html import card, sharding_svg, table
 from ..mesh import Mesh
 from ..sharding import Sharding
 from ..spec import PartitionSpec
+from ..worker.tasks import gather_task
+from .program import move_program
+from .protocols import ArrayOwner, Sharded
+from .tracing import check_move
 
 if TYPE_CHECKING:
-    import threading
-
-    import xarray as xr
-    from distributed import Client as DaskClient
     from distributed import Future
 
-    from ..topology import Topology
-
-
-class ArrayOwner(Protocol):
-    """What a ``ShardedArray`` needs from the client that made it (``Client`` is one)."""
-
-    _lock: threading.Lock
-    _closed: bool
-    name: str
-    topology: Topology
-    dask: DaskClient
-
-    def _fetch(self, array: ShardedArray, timeout: Any = None) -> np.ndarray:
-        """Gather the array's shards from their hosts."""
-
-    def _status(self, array: ShardedArray) -> str:
-        """Ask the hosts how the array's shards are."""
-
-    def _run(self, program: Any, arrays: tuple[ShardedArray, ...]) -> Any:
-        """Dispatch a traced ``Program`` on these arrays."""
 
 __all__ = ["ShardedArray"]
 
 
-class ShardedArray:
+class ShardedArray(Sharded):
     """A future of a sharded array.
 
     It is returned at once by ``client.put`` and by program calls; ``result()``
@@ -105,10 +88,6 @@ class ShardedArray:
                 f"mesh={self.mesh.shape}{', deleted' if self._deleted else ''})")
 
     def _repr_html_(self) -> str:
-        from dask.utils import format_bytes
-
-        from ..html import card, sharding_svg, table
-
         sharding = self.sharding
         rows = [
             ("shape", self.shape),
@@ -169,8 +148,6 @@ class ShardedArray:
         return self.client.dask.get
 
     def __dask_postcompute__(self) -> tuple[Any, tuple[Any, ...]]:
-        from ..worker.tasks import gather_task
-
         return gather_task, (self.ref,)
 
     def __dask_postpersist__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -204,8 +181,6 @@ class ShardedArray:
         --------
         >>> y = x.to(client.mesh({"data": 4}, island=1), P("data", None))  # doctest: +SKIP
         """
-        from .program import check_move, move_program
-
         spec = self.spec if spec is None else spec
         check_move(mesh, spec, self)
         return move_program(mesh, spec, model_nbytes)(self)  # type: ignore[no-any-return]
@@ -235,8 +210,6 @@ class ShardedArray:
         --------
         >>> y.to_xarray(dims=("time", "space"), coords={"time": [0, 1, 2, 3]})  # doctest: +SKIP
         """
-        import xarray as xr
-
         meta = dict(self._xarray or {"dims": tuple(f"dim_{i}" for i in range(self.ndim))})
         if dims is not None:
             meta = {"dims": tuple(dims)}  # new dims: the old coords would not fit them

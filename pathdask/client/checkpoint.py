@@ -21,7 +21,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -29,17 +29,50 @@ from ..errors import CheckpointError
 from ..gather import raise_reply_error
 from ..mesh import Mesh
 from ..ops import LoadOp, OutSpec
+from ..protocol import Save, Suspended, SuspendOnInterruption, ask
+from ..scheduler.interruptions import TOPIC
 from ..sharding import Sharding
 from ..spec import PartitionSpec
 from .array import ShardedArray
 
 if TYPE_CHECKING:
-    from .client import Client
+    from distributed import Client as DaskClient
+
+    from .hosts import Hosts
+
+__all__ = ["ArrayClient", "Interruption", "resume", "suspend", "suspend_on_interruption"]
 
 FORMAT = 1
 
 
-def suspend(client: Client, path: str | os.PathLike[str], arrays: Mapping[str, ShardedArray],
+class ArrayClient(Protocol):
+    """What checkpoints and recovery (``elastic.py``) need from their client (``Client`` is one)."""
+
+    dask: DaskClient
+    _hosts: Hosts
+
+    @property
+    def id(self) -> str:
+        """The client's id (its Dask client's)."""
+
+    def mesh(self, shape: Mapping[str, int], island: int | None = None) -> Mesh:
+        """A new slice of devices of this shape."""
+
+    def devices(self) -> list[dict[str, Any]]:
+        """Every live device."""
+
+    def put(self, array: Any, mesh: Mesh, spec: PartitionSpec | None = None) -> ShardedArray:
+        """An array put onto ``mesh``."""
+
+    def _fetch(self, array: ShardedArray, timeout: Any = None, avoid: frozenset[int] = frozenset()) -> np.ndarray:
+        """The array's values, from devices not in ``avoid``."""
+
+    def _place(self, sharding: Sharding, dtype: np.dtype, op_for: Callable[[int, OutSpec], Any],
+               meta: dict[str, Any] | None = None) -> ShardedArray:
+        """A one-gang program storing a block on every device of ``sharding``'s mesh."""
+
+
+def suspend(client: ArrayClient, path: str | os.PathLike[str], arrays: Mapping[str, ShardedArray],
             release: bool = True) -> list[str]:
     """Write ``arrays`` (name -> array) to a zarr group at ``path``; see ``Client.suspend``."""
     import zarr
@@ -68,7 +101,7 @@ def suspend(client: Client, path: str | os.PathLike[str], arrays: Mapping[str, S
 
     async def write() -> None:
         replies = await asyncio.gather(*(
-            client._ask_host(addr, "pathdask_save", "holds shards to save", path=path, writes=w)
+            client._hosts.ask(addr, Save(path, w), "holds shards to save")
             for addr, w in writes.items()))
         for reply in replies:
             if "error" in reply:
@@ -84,7 +117,7 @@ def suspend(client: Client, path: str | os.PathLike[str], arrays: Mapping[str, S
     return list(arrays)
 
 
-def resume(client: Client, path: str | os.PathLike[str], island: int | None = None,
+def resume(client: ArrayClient, path: str | os.PathLike[str], island: int | None = None,
            mesh: Mesh | None = None) -> dict[str, ShardedArray]:
     """Read a checkpoint back onto new meshes of the same shapes; see ``Client.resume``."""
     import zarr
@@ -141,11 +174,9 @@ class Interruption:
         return self.happened.wait(timeout)
 
 
-def suspend_on_interruption(client: Client, path: str | os.PathLike[str],
+def suspend_on_interruption(client: ArrayClient, path: str | os.PathLike[str],
                             state: Mapping[str, ShardedArray] | Callable[[], Mapping[str, ShardedArray]]) -> Interruption:
     """Suspend ``state`` to ``path`` when a host this client uses leaves on purpose."""
-    from ..scheduler.interruptions import TOPIC
-
     watch = Interruption(os.fspath(path))
 
     async def on_event(event: tuple[float, dict[str, Any]]) -> None:
@@ -160,8 +191,8 @@ def suspend_on_interruption(client: Client, path: str | os.PathLike[str],
             error = f"{type(e).__name__}: {e}"
         watch.records.append({"host": msg["host"], "arrays": names, "path": watch.path, "error": error})
         watch.happened.set()
-        await client.dask.scheduler.pathdask_suspended(client=client.id, host=msg["host"], error=error)
+        await ask(client.dask.scheduler, Suspended(client.id, msg["host"], error))
 
     client.dask.subscribe_topic(TOPIC, on_event)
-    client.dask.sync(client.dask.scheduler.pathdask_suspend_on_interruption, client=client.id)
+    client.dask.sync(ask, client.dask.scheduler, SuspendOnInterruption(client.id))
     return watch

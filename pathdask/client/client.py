@@ -1,52 +1,45 @@
-"""``Client``: one tenant of a pathdask system (the single controller's handle)."""
+"""``Client``: one tenant of a pathdask system (the single controller's handle).
+
+It asks the scheduler for meshes, puts arrays and runs programs on them. What
+it hands over: the call path to its :class:`~.dispatcher.Dispatcher`, questions
+to the hosts (results, status) to :class:`~.hosts.Hosts`, observation to an
+:class:`~.observe.Observer`, checkpoints to ``checkpoint.py`` and recovery to
+``elastic.py``.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import logging
 import os
 import threading
-import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dask
 import numpy as np
+import xarray as xr
 from dask.utils import parse_bytes, parse_timedelta
 from distributed import Client as DaskClient
-from distributed import Future
-from distributed.protocol import to_serialize
 
-from ..compat import client_send, new_futures
-from ..diagnosis import Diagnosis
-from ..errors import ClientClosedError, DeviceLostError, MeshError, ShardingError
-from ..gather import gather, raise_reply_error
+from ..errors import ClientClosedError, MeshError, ShardingError
+from ..gather import raise_reply_error
 from ..mesh import Mesh, check_shape
-from ..ops import PLANS_PER_CLIENT, GangSpec, HostPlan, OutSpec, PutOp
-from ..protocol import AllocateMesh, Calls, ask, encode
+from ..ops import GangSpec, HostPlan, OutSpec, PutOp
+from ..protocol import AllocateMesh, RegisterClient, ask
 from ..sharding import Sharding
 from ..spec import PartitionSpec
 from ..topology import DeviceId, DeviceInfo, Topology
+from . import checkpoint, elastic
 from .array import ShardedArray
-from .calls import build_call
-from .fetch import HOST_CHECK_AFTER, HostSockets, Unreachable
-from .lowering import build_graph, build_sequential_graph, lower
-from .program import Program
-
-if TYPE_CHECKING:
-    import xarray as xr
+from .dispatcher import Dispatcher, Outputs
+from .hosts import Hosts
+from .lowering import lower
+from .observe import Observed, Observer
+from .protocols import Sharded
+from .tracing import Program
 
 __all__ = ["Client", "connect"]
 
-logger = logging.getLogger("pathdask.client")
-
-#: plan ids a client remembers per host as sent; hosts keep twice as many (worker/plans.py)
-PLANS_REMEMBERED = PLANS_PER_CLIENT // 2
-
-
-class Client:
+class Client(Observed):
     """A pathdask client: asks for meshes, puts arrays, and dispatches programs.
 
     Parameters
@@ -74,39 +67,27 @@ class Client:
                                    security=security, loop=loop)
             self._owns_dask = True
         self.name, self.weight = name, float(weight)
-        self._inflight: dict[str, list[Any]] = {}
-        #: guarded by ``_lock``: host -> ids of the plans it holds for us, least recently used first
-        self._plans_sent: dict[str, OrderedDict[str, None]] = {}
-        self._lock = threading.Lock()
-        self._sending_plans = threading.Lock()  # one plan upload at a time; cached calls skip it
+        self._lock = threading.Lock()  # guards the arrays' reader counts, with the dispatcher's state
         self._closed = False
-        #: guarded by ``_lock``: calls not sent yet, with the arrays they read
-        self._waiting_calls: list[tuple[dict[str, Any], tuple[ShardedArray, ...]]] = []
-        #: program ids: unique to this client, then counted (cheaper than a uuid per call)
-        self._pid_prefix = uuid.uuid4().hex[:16]
-        self._pids = itertools.count()
         info = self.dask.sync(
-            self.dask.scheduler.pathdask_register_client, client=self.dask.id, name=name, weight=weight
+            ask, self.dask.scheduler, RegisterClient(self.dask.id, name, weight)
         )
         if not isinstance(info, dict):
-            self.close()
+            self._closed = True
+            if self._owns_dask:
+                self.dask.close()
             raise RuntimeError(
                 f"The Dask scheduler at {self.dask.scheduler.address} has no pathdask plugin. Start "
                 "it with pathdask.LocalSystem, or with `dask scheduler --preload pathdask.preload`"
             )
         self.topology = Topology.from_dict(info["topology"])
-        #: the scheduler creates the tasks of calls itself (``calls.py``); else calls submit graphs
-        self._calls = bool(info.get("calls"))
-        #: results come over the hosts' socket transports where they have them (``fetch.py``)
-        self._sockets: HostSockets | None = None
-        if info.get("transports") and dask.config.get("pathdask.transport") == "socket":
-            security = self.dask.security
-            self._sockets = HostSockets(info["transport_token"], info["transports"],
-                                        security.get_connection_args("client").get("ssl_context"),
-                                        self._transport_of, self._hosts_gone)
+        self._observe = Observer(self.dask)
+        self._hosts = Hosts(self.dask, info, self._observe)
+        self._dispatcher = Dispatcher(self.dask, self.id, self._hosts, self._lock)
 
-    def _new_pid(self) -> str:
-        return f"{self._pid_prefix}{next(self._pids):08x}"
+    @property
+    def _observer(self) -> Observer:
+        return self._observe
 
     @property
     def id(self) -> str:
@@ -151,10 +132,6 @@ class Client:
                     "client.mesh(...), and move arrays between clients through NumPy"
                 )
 
-    def devices(self) -> list[dict[str, Any]]:
-        """Every device with its island, host, slices and state."""
-        return list(self.dask.sync(self.dask.scheduler.pathdask_info)["devices"])
-
     def lost_devices(self) -> list[int]:
         """Ids of the topology's devices that are not live now (their host left, or never came).
 
@@ -164,41 +141,6 @@ class Client:
         live = {d["id"] for d in self.devices()}
         return sorted(set(range(self.topology.num_devices)) - live)
 
-    def device_stats(self) -> dict[str, Any]:
-        """Per device bytes in use, capacity, peak, busy time and gangs run; per link class and
-        per host NIC (``"island/host"``, ``send`` and ``recv``): bytes, transfers, busy seconds
-        and the longest queue."""
-        return dict(self.dask.sync(self.dask.scheduler.pathdask_stats))
-
-    def timeline(self, since: float = 0.0) -> dict[int, list[tuple[float, float, str, str, str]]]:
-        """Per device, ``(start, end, program, gang, client id)`` of recent gangs.
-
-        Times are ``time.perf_counter()`` of the hosts (one clock on one machine).
-        """
-        return dict(self.dask.sync(self.dask.scheduler.pathdask_timeline, since=since))
-
-    def transfers(self) -> xr.Dataset:
-        """Recent modelled transfers between devices, every client's: an ``xarray.Dataset``
-        with dim ``transfer`` (see :func:`pathdask.dashboard.trace.transfers_dataset`)."""
-        from ..dashboard.trace import transfers_dataset
-
-        return transfers_dataset(self.dask.sync(self.dask.scheduler.pathdask_transfers))
-
-    def reset_observations(self) -> None:
-        """Forget the recorded idle gaps, timelines and transfers on every host."""
-        self.dask.sync(self.dask.scheduler.pathdask_reset_observations)
-
-    def trace(self, timeout: Any = "10s") -> xr.Dataset:
-        """Device activity as an ``xarray.Dataset`` (dims ``device`` x ``event``), every client's.
-
-        Programs running when it is called are waited for (up to ``timeout``), so
-        that their gangs are in it. ``trace.pathdask.plot()`` draws it; see
-        :mod:`pathdask.dashboard.trace` for its variables.
-        """
-        from ..dashboard.trace import to_dataset
-
-        return to_dataset(self.dask.sync(self.dask.scheduler.pathdask_trace, timeout=timeout))
-
     # -- data ----------------------------------------------------------------------
     def put(self, array: Any, mesh: Mesh, spec: PartitionSpec | Mapping[str, str | tuple[str, ...] | None] | None = None) -> ShardedArray:
         """Split ``array`` over ``mesh`` by ``spec`` and store the blocks on the devices.
@@ -207,8 +149,6 @@ class Client:
         ``xarray.DataArray`` (``spec`` a mapping ``{dim: mesh_axis}``; its dims,
         coords, attrs and name come back with ``to_xarray()``).
         """
-        import xarray as xr
-
         meta = None
         if isinstance(array, xr.DataArray):
             mapping = dict(spec or {}) if not isinstance(spec, PartitionSpec) else None
@@ -258,9 +198,7 @@ class Client:
         >>> client.suspend("state.zarr", {"w": w, "b": b})          # doctest: +SKIP
         >>> state = client.resume("state.zarr"); w = state["w"]     # doctest: +SKIP
         """
-        from .checkpoint import suspend
-
-        return suspend(self, path, arrays, release)
+        return checkpoint.suspend(self, path, arrays, release)
 
     def resume(self, path: str | os.PathLike[str], *, island: int | None = None,
                mesh: Mesh | None = None) -> dict[str, ShardedArray]:
@@ -271,9 +209,7 @@ class Client:
         array goes onto ``mesh`` (say, a smaller one after a host was lost), whose axes
         must include those the arrays' specs name. Each device reads its own block.
         """
-        from .checkpoint import resume
-
-        return resume(self, path, island, mesh)
+        return checkpoint.resume(self, path, island, mesh)
 
     def recover(self, arrays: Mapping[str, ShardedArray], mesh: Mesh) -> dict[str, ShardedArray]:
         """After a host was lost: ``arrays`` again on ``mesh``, from the copies that survived.
@@ -283,12 +219,10 @@ class Client:
         :class:`~pathdask.errors.ArrayLostError`, which names it (restore it from a
         checkpoint with :meth:`resume` instead).
         """
-        from .elastic import recover
-
-        return recover(self, arrays, mesh)
+        return elastic.recover(self, arrays, mesh)
 
     def suspend_on_interruption(self, path: str | os.PathLike[str],
-                                state: Mapping[str, ShardedArray] | Callable[[], Mapping[str, ShardedArray]]) -> Any:
+                                state: Mapping[str, ShardedArray] | Callable[[], Mapping[str, ShardedArray]]) -> checkpoint.Interruption:
         """When a host this client uses leaves on purpose (``retire_workers``, SIGTERM to
         ``dask worker``), suspend ``state`` (a mapping, or a callable returning one) to
         ``path`` before the host goes; it waits up to ``pathdask.suspend-timeout``.
@@ -301,9 +235,7 @@ class Client:
         >>> state = {"w1": w1, "w2": w2}                           # doctest: +SKIP
         >>> guard = client.suspend_on_interruption("state.zarr", lambda: state)  # doctest: +SKIP
         """
-        from .checkpoint import suspend_on_interruption
-
-        return suspend_on_interruption(self, path, state)
+        return checkpoint.suspend_on_interruption(self, path, state)
 
     def _place(self, sharding: Sharding, dtype: np.dtype, op_for: Callable[[int, OutSpec], Any],
                meta: dict[str, Any] | None = None) -> ShardedArray:
@@ -312,7 +244,7 @@ class Client:
         mesh = sharding.mesh
         out = OutSpec(0, sharding.shard_shape, dtype.str)
         gang = GangSpec(0, "put", mesh.devices)
-        pid = self._new_pid()
+        pid = self._dispatcher.new_pid()
         plans: dict[str, HostPlan] = {}
         for addr in mesh.hosts:
             local = [(p, d) for p, d in enumerate(mesh.devices) if d.address == addr]
@@ -326,14 +258,14 @@ class Client:
         return ShardedArray(self, pid, 0, sharding.shape, dtype, mesh, sharding.spec, futures[0], meta)
 
     # -- programs --------------------------------------------------------------
-    def _run(self, program: Program, arrays: tuple[ShardedArray, ...]) -> Any:
+    def _run(self, program: Program, arrays: tuple[Sharded, ...]) -> Any:
         for a in arrays:
             a._check_alive()
         self._check_meshes([v.mesh for v in program.values])
         plans = lower(program, overlap=dask.config.get("pathdask.dispatch") != "sequential")
-        pid = self._new_pid()
+        pid = self._dispatcher.new_pid()
         futures = self._dispatch(pid, plans, tuple(a.key for a in arrays), arrays, program)
-        outs: list[ShardedArray] = []
+        outs: list[Sharded] = []
         for j, vid in enumerate(program.outputs):
             if vid < program.n_inputs:
                 outs.append(arrays[vid])
@@ -344,251 +276,26 @@ class Client:
         return tuple(outs) if program.multiple_outputs else outs[0]
 
     def _dispatch(self, pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, int], ...],
-                  keepalive: tuple[ShardedArray, ...], program: Program | None = None) -> dict[int, dict[str, Any]]:
-        """Submit one program as one graph; returns output futures per output and host."""
+                  keepalive: tuple[Sharded, ...], program: Program | None = None) -> Outputs:
         if self._closed:
             raise ClientClosedError(f"Client {self.name!r} is closed; open a new one with system.client(...)")
-        mode = dask.config.get("pathdask.dispatch")
-        if mode not in ("parallel", "sequential"):
-            raise ValueError(f"pathdask.dispatch must be 'parallel' or 'sequential', got {mode!r}")
-        if mode == "sequential" and program is not None:
-            arg_keys = tuple([f.key for f in a._futures.values()] for a in keepalive)
-            graph, keys, out_keys = build_sequential_graph(pid, program, plans, inputs, self.id, arg_keys)
-        else:
-            self._send_plans(plans)
-            if all(p.id for p in plans.values()):
-                call, keys, out_keys = build_call(pid, plans, inputs)
-                by_key = dict(zip(keys, self._send_call(call, keys, keepalive)))
-                return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
-            payloads: dict[str, HostPlan | str] = {a: p.id for a, p in plans.items() if p.id}
-            graph, keys, out_keys = build_graph(pid, plans, inputs, self.id, payloads)
-        futures = self.dask.get(graph, keys, sync=False)
-        by_key = dict(zip(keys, futures))
-        self._hold(pid, futures, keepalive)
-        return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
+        return self._dispatcher.dispatch(pid, plans, inputs, keepalive, program)
 
-    def _send_call(self, call: dict[str, Any], keys: list[Any], reads: tuple[ShardedArray, ...]) -> list[Future]:
-        """Send a call on the Dask client's stream; returns the futures of its keys.
+    # -- results -------------------------------------------------------------------
+    def _fetch(self, array: Sharded, timeout: Any = None, avoid: frozenset[int] = frozenset()) -> np.ndarray:
+        return self._hosts.fetch(array.ref, timeout, avoid)
 
-        As ``distributed.Client`` does for a graph, the futures exist before the call
-        goes, so that the scheduler's reports on their keys find them. Calls made before
-        the event loop sends the first go with it, as one message. The arrays it ``reads``
-        are kept until it is sent: a release sent after it reaches the hosts after it.
-        """
-        dc = self.dask
-        futures: list[Future] = new_futures(dc, keys)
-        with self._lock:
-            for a in reads:
-                a._readers += 1
-            self._waiting_calls.append((call, reads))
-            first = len(self._waiting_calls) == 1
-        if first:
-            # Queued as Dask queues each message it sends: before anything sent after this
-            # call (a graph, the release of one of these keys), which the flush thus precedes.
-            assert dc.loop is not None
-            dc.loop.add_callback(self._flush_calls)
-        return futures
-
-    def _flush_calls(self) -> None:
-        """Put the calls not sent yet on the Dask client's stream, as one message (event loop).
-
-        Straight onto the stream, as Dask's own queued messages go
-        (``_send_to_scheduler_safe``): queuing it again would let it fall behind them.
-        It goes at once, with the releases queued before it (``streams.py``).
-        """
-        with self._lock:
-            waiting, self._waiting_calls = self._waiting_calls, []
-        if not waiting:
-            return
-        try:
-            client_send(self.dask, encode(Calls([call for call, _ in waiting])))
-        finally:  # sent, or never to be: either way no host will count these reads later
-            self._unread([a for _, reads in waiting for a in reads])
-
-    def _unread(self, arrays: list[ShardedArray]) -> None:
-        """Calls that read ``arrays`` are on their way: a deleted array that no call reads goes now."""
-        release = []
-        with self._lock:
-            for a in arrays:
-                a._readers -= 1
-                if a._deleted and a._readers == 0:
-                    release.append(a)
-        for a in release:
-            a._release()
-
-    def _unsent(self, plans: dict[str, HostPlan]) -> dict[str, HostPlan]:
-        """The cached plans (by host) that their host does not hold yet; marks the others used."""
-        missing = {}
-        with self._lock:
-            for addr, plan in plans.items():
-                sent = self._plans_sent.get(addr)
-                if plan.once or not plan.id:
-                    continue
-                if sent is not None and plan.id in sent:
-                    sent.move_to_end(plan.id)
-                else:
-                    missing[addr] = plan
-        return missing
-
-    def _send_plans(self, plans: dict[str, HostPlan]) -> None:
-        """Send each host the plans it lacks, and wait for them to arrive, before any call
-        names them; so a registration always finds its plan, whatever order messages and tasks run in.
-
-        A put's plan carries its blocks: each host gets its own, straight from here,
-        in parallel, never through the scheduler; it is used once.
-        """
-        once = {a: p for a, p in plans.items() if p.once}
-        if once:
-            self._upload(once)
-        if not self._unsent(plans):
-            return
-        with self._sending_plans:
-            missing = self._unsent(plans)  # another thread may have sent them meanwhile
-            if not missing:
-                return
-            self._upload(missing)
-            with self._lock:
-                for addr, plan in missing.items():
-                    sent = self._plans_sent.setdefault(addr, OrderedDict())
-                    sent[plan.id] = None
-                    while len(sent) > PLANS_REMEMBERED:
-                        sent.popitem(last=False)
-
-    def _upload(self, plans: dict[str, HostPlan]) -> None:
-        async def send() -> None:
-            await asyncio.gather(*(
-                self._ask_host(addr, "pathdask_plans", "runs part of this program", client=self.id,
-                               plans=to_serialize([plan]))
-                for addr, plan in plans.items()))
-
-        self.dask.sync(send)
-
-    async def _ask_host(self, addr: str, handler: str, role: str, **kwargs: Any) -> Any:
-        """Call ``handler`` on host ``addr``; ``DeviceLostError`` as soon as the host is known gone.
-
-        A dead host's address would otherwise take Dask's whole connect timeout to fail.
-        """
-        gone = DeviceLostError(f"Host {addr}, which {role}, left the cluster")
-        try:
-            return await _unless_gone(getattr(self.dask.rpc(addr), handler)(**kwargs),
-                                      lambda: self.dask.scheduler.pathdask_wait_host_gone(address=addr), gone)
-        except OSError as e:  # CommClosedError is one
-            raise DeviceLostError(f"Host {addr}, which {role}, is gone ({type(e).__name__}: {e})") from e
-
-    def _hold(self, pid: str, futures: list[Any], keepalive: tuple[ShardedArray, ...]) -> None:
-        """Keep a program's futures and inputs alive until every host has registered it.
-
-        Inputs must outlive the registration that counts their readers, and no
-        dispatch task may be cancelled half-way across hosts.
-        """
-        entry: list[Any] = [len(futures), futures, keepalive]
-        with self._lock:
-            self._inflight[pid] = entry
-            for a in keepalive:
-                a._readers += 1
-
-        def done(_: Any) -> None:
-            with self._lock:
-                entry[0] -= 1
-                last = entry[0] == 0
-                if last:
-                    self._inflight.pop(pid, None)
-            if last:
-                self._unread(list(keepalive))
-
-        for f in futures:
-            f.add_done_callback(done)
-
-    def _status(self, array: ShardedArray) -> str:
-        """``error`` if any shard failed, ``ready`` once all are computed, else ``pending``."""
-        async def ask() -> list[list[str]]:
-            return list(await asyncio.gather(*(
-                self._ask_host(addr, "pathdask_status", "holds shards of this array",
-                               buffers=[b for _, b in items])
-                for addr, items in array.ref.shards().items())))
-
-        try:
-            states = {s for reply in self.dask.sync(ask) for s in reply}
-        except (OSError, DeviceLostError):
-            return "error"  # a host holding shards is gone
-        return "error" if "error" in states else "pending" if "pending" in states else "ready"
-
-    def _hosts_gone(self, hosts: list[str]) -> list[str]:
-        """Which of ``hosts`` have left the cluster."""
-        return list(self.dask.sync(self.dask.scheduler.pathdask_hosts_gone, hosts=hosts))
-
-    def _transport_of(self, host: str) -> str | None:
-        """Where host ``host``'s socket transport listens now; ``None`` if it has left."""
-        found = self.dask.sync(self.dask.scheduler.pathdask_transport_of, host=host)
-        return None if found is None else str(found)
-
-    def _fetch(self, array: ShardedArray, timeout: Any = None, avoid: frozenset[int] = frozenset()) -> np.ndarray:
-        seconds = parse_timedelta(timeout) if timeout is not None else None
-        if self._sockets is not None:
-            try:
-                return self._sockets.fetch(array.ref, avoid, seconds)
-            except Unreachable as e:
-                logger.warning("pathdask: %s; results come over Dask's comms from now on", e)
-                self._sockets.close()
-                self._sockets = None
-            except TimeoutError:
-                assert seconds is not None
-                raise _not_ready(array, seconds, self.dask.sync(self._waiting_for, array._pid)) from None
-
-        async def ask(addr: str, buffers: list[tuple[str, int, int]]) -> dict[str, Any]:
-            return dict(await self._ask_host(addr, "pathdask_fetch", "holds shards of this array",
-                                             buffers=buffers))
-
-        async def fetch() -> np.ndarray:
-            # The hosts answer once the shards are computed, or with the error that ended
-            # the program: a failed kernel, a failed dispatch (dropped on every host by
-            # the scheduler), a lost host.
-            try:
-                return await asyncio.wait_for(gather(array.ref, ask, avoid), seconds)
-            except TimeoutError:
-                assert seconds is not None
-                raise _not_ready(array, seconds, await self._waiting_for(array._pid)) from None
-
-        return self.dask.sync(fetch)
-
-    # -- diagnosis -----------------------------------------------------------------
-    def diagnose(self) -> Diagnosis:
-        """What every device is doing or waiting for, and every client's queue.
-
-        Examples
-        --------
-        >>> print(client.diagnose())    # doctest: +SKIP
-        devices:
-          device 0 (island 0 host 0): waiting for pieces from devices [2] in collective #0 of ...
-        """
-        return Diagnosis.from_reply(self.dask.sync(self.dask.scheduler.pathdask_diagnose))
-
-    async def _waiting_for(self, pid: str) -> str:
-        """A sentence on what program ``pid`` waits for, for timeout messages (event loop)."""
-        try:
-            waits = Diagnosis.from_reply(await self.dask.scheduler.pathdask_diagnose()).waiting(pid)
-        except Exception as e:  # noqa: BLE001 - the timeout is the error; this only explains it
-            return f"(Its state could not be read: {type(e).__name__}: {e})"
-        if not waits:
-            return "No device is waiting inside it: it waits for its slot or for earlier programs."
-        from ..diagnosis import describe
-
-        return "Waiting: " + "; ".join(describe(s) for s in waits)
+    def _status(self, array: Sharded) -> str:
+        return self._hosts.status(array.ref)
 
     # -- lifecycle -----------------------------------------------------------------
-    def wait_idle(self, timeout: Any = "10s") -> dict[str, Any]:
-        """Wait until no device holds a buffer; raises ``TimeoutError`` otherwise."""
-        return dict(self.dask.sync(self.dask.scheduler.pathdask_wait_idle, timeout=timeout))
-
     def close(self) -> None:
         """Close this client: its slices are released and its pending programs dropped."""
         if self._closed:
             return
         self._closed = True
-        with self._lock:
-            self._inflight.clear()
-        if self._sockets is not None:
-            self._sockets.close()
+        self._dispatcher.close()
+        self._hosts.close()
         if self._owns_dask:
             self.dask.close()
 
@@ -598,27 +305,6 @@ class Client:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-
-
-async def _unless_gone(work: Any, gone_waiter: Any, gone: BaseException) -> Any:
-    """``await work``, unless the scheduler says first that its host left (then raise ``gone``).
-
-    Quick answers (the common case) never ask the scheduler.
-    """
-    tasks = [asyncio.ensure_future(work)]
-    try:  # also when we are cancelled (the caller was interrupted): nothing is left unread
-        done, _ = await asyncio.wait(tasks, timeout=HOST_CHECK_AFTER)
-        if not done:
-            tasks.append(asyncio.ensure_future(gone_waiter()))
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        if tasks[0] in done:
-            return tasks[0].result()
-        tasks[1].result()
-        raise gone
-    finally:
-        for t in tasks:
-            t.cancel()  # no-op for a finished one
-            t.add_done_callback(_consume)  # whichever we did not read, its outcome is read
 
 
 def _put_part(block_nbytes: int) -> int:
@@ -632,16 +318,7 @@ def _put_part(block_nbytes: int) -> int:
     return max(block_nbytes, 1) if block_nbytes <= frame else parse_bytes(dask.config.get("pathdask.transfer-chunk"))
 
 
-def _not_ready(array: ShardedArray, seconds: float, waits: str) -> TimeoutError:
-    return TimeoutError(f"The shards of program {array._pid} were not ready within {seconds:g}s. {waits}")
-
-
-def _consume(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
-def _labels_for(shape: tuple[int, ...], arrays: tuple[ShardedArray, ...]) -> dict[str, Any] | None:
+def _labels_for(shape: tuple[int, ...], arrays: tuple[Sharded, ...]) -> dict[str, Any] | None:
     """xarray in, xarray out: an output keeps the dims and coords of the first labelled input
     of its shape (its name and attrs describe the input, so they stay behind)."""
     for a in arrays:

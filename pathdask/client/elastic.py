@@ -10,17 +10,14 @@ names it and its blocks, and a checkpoint (``client.resume``) is the way back.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from ..errors import ArrayLostError
 from ..mesh import Mesh
 from .array import ShardedArray
-
-if TYPE_CHECKING:
-    from .client import Client
+from .checkpoint import ArrayClient
 
 
-def recover(client: Client, arrays: Mapping[str, ShardedArray], mesh: Mesh) -> dict[str, ShardedArray]:
+def recover(client: ArrayClient, arrays: Mapping[str, ShardedArray], mesh: Mesh) -> dict[str, ShardedArray]:
     """``arrays`` again, on ``mesh``, from their surviving copies; see ``Client.recover``."""
     live = {d["address"] for d in client.devices()}
     # by address: a worker that took a lost host's place has its device ids, not its buffers

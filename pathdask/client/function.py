@@ -1,11 +1,15 @@
-"""``@pathdask.function``: sharded computations with shard_map semantics."""
+"""``@pathdask.function``: sharded computations with shard_map semantics.
+
+A :class:`Function` infers its outputs once per signature (its "compilation").
+Called inside a program trace it records one gang; called directly on sharded
+arrays it runs a one-gang program (:func:`direct_program`).
+"""
 
 from __future__ import annotations
 
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,22 +20,12 @@ from ..errors import ShapeMismatchError, ShardingError
 from ..mesh import Mesh
 from ..sharding import Sharding, global_shape
 from ..spec import PartitionSpec
+from .program import ProgramFunction
+from .tracing import Aval, Traced, current_trace
 
 __all__ = ["Function", "function"]
 
 Cost = float | Callable[..., float] | None
-
-
-@dataclass(frozen=True)
-class Aval:
-    """An abstract value: a block's or array's shape and dtype."""
-
-    shape: tuple[int, ...]
-    dtype: str
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
 
 
 class _InferContext:
@@ -97,15 +91,22 @@ class Function:
         return twin
 
     def __call__(self, *args: Any, mesh: Mesh | None = None) -> Any:
-        from .program import call_function
-
-        return call_function(self, args, mesh)
+        """A gang in the current trace, or (outside one) a one-gang program run at once."""
+        tr = current_trace()
+        if tr is None:
+            return direct_program(self, mesh)(*args)
+        for i, a in enumerate(args):
+            if not isinstance(a, Traced) or a.trace is not tr:
+                raise TypeError(
+                    f"Argument {i} of {self.name!r} inside a program is {type(a).__name__}; pass "
+                    "sharded arrays in as arguments of the @pathdask.program, and static values "
+                    "through closures or functools.partial"
+                )
+        return tr.call(self, args, mesh)
 
     def dask_graph(self, *args: Any, mesh: Mesh | None = None) -> Any:
         """The one-gang program that ``self(*args, mesh=mesh)`` runs, as a Dask graph
         (see :meth:`ProgramFunction.dask_graph <pathdask.ProgramFunction.dask_graph>`)."""
-        from .program import direct_program
-
         return direct_program(self, mesh).dask_graph(*args)
 
     def check_args(self, avals: Sequence[Aval], mesh: Mesh) -> list[Sharding]:
@@ -159,6 +160,16 @@ class Function:
                 raise ValueError(f"cost callable of {self.name!r} returned negative FLOPs {flops}")
             return flops / device_flops
         return float(self.cost)
+
+
+def direct_program(fn: Function, mesh: Mesh | None) -> ProgramFunction:
+    """The one-gang program that a direct call of ``fn`` runs (one per mesh, cached)."""
+    direct = fn.__dict__.setdefault("_direct_programs", {})
+    prog = direct.get(mesh)
+    if prog is None:
+        prog = direct[mesh] = ProgramFunction(lambda *xs: fn(*xs, mesh=mesh), name=fn.name)
+    return prog
+
 
 
 def function(body: Callable[..., Any] | None = None, *, in_specs: Any, out_specs: Any, cost: Cost = None,

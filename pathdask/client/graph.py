@@ -34,7 +34,7 @@ from ..errors import UnfusedGraphError
 from ..ops import GangSpec, KernelOp, Op, OutSpec, Ref, ReshardOp
 from ..sharding import reshard_plan
 from ..topology import DeviceInfo
-from .program import GangNode, Program
+from .tracing import GangNode, Program
 
 __all__ = ["GangShard", "ProgramGraph", "layered_graph"]
 

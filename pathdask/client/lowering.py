@@ -1,18 +1,15 @@
-"""Lowering: a :class:`Program` becomes one :class:`HostPlan` per host, then a Dask graph.
+"""Lowering: a :class:`Program` becomes one :class:`HostPlan` per host.
 
 A program is first a per-gang graph (``graph.py``: one layer per gang, one task
 per shard). The fusion pass (:func:`fuse`) turns each host's part of all its
-layers into one plan, cached per program. Each call then submits a graph with
-one layer per host, pinned to that host's worker, holding:
+layers into one plan, cached per program. A call in parallel dispatch names
+those plans in one message (``calls.py``), with no Dask task at all.
 
-- one *dispatch* task that registers the host's part of every gang with the
-  host runtime and returns at once (parallel asynchronous dispatch);
-- one small *output* task per program output with shards on that host,
-  whose key owns those shards' buffers for as long as the client holds it.
-
-So a program costs O(hosts) Dask tasks however many gangs it has. We build a
-``HighLevelGraph`` because its layers carry per-layer annotations (the
-worker pin) within one submission; a plain dict graph carries only global ones.
+Sequential dispatch, the paper's baseline (``pathdask.dispatch: sequential``),
+submits a graph instead (:func:`build_sequential_graph`): per host a task that
+registers its plan, then one task per gang and device. It is a
+``HighLevelGraph`` because its layers carry per-layer annotations (the worker
+pin) within one submission; a plain dict graph carries only global ones.
 """
 
 from __future__ import annotations
@@ -27,8 +24,9 @@ from dask._task_spec import Task, TaskRef
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from ..ops import GangSpec, HostPlan, KernelOp, Op, ReshardOp, dispatch_key, gang_key, output_key
+from ..worker.tasks import dispatch_task, output_task, run_gang_task
 from .graph import GangShard, ProgramGraph, layered_graph
-from .program import Program
+from .tracing import Program
 
 
 def lower(program: Program, overlap: bool = True) -> dict[str, HostPlan]:
@@ -79,10 +77,9 @@ def fuse(graph: ProgramGraph, overlap: bool = True) -> dict[str, HostPlan]:
 
     Like dask.array's blockwise fusion, it turns many small tasks into few: a host's
     plan lists, per local device, the ops of its tasks in layer (program) order, and
-    is what a call names on that host (or that host's one dispatch task in a graph,
-    :func:`build_graph`). Dependencies between
-    the tasks need no Dask edges after fusion: a device runs its ops in order, and data
-    moves between devices runtime to runtime.
+    is what a call names on that host. Dependencies between the tasks need no Dask
+    edges after fusion: a device runs its ops in order, and data moves between devices
+    runtime to runtime.
     """
     program = graph.program
     ops: dict[str, dict[int, list[Op]]] = defaultdict(lambda: defaultdict(list))
@@ -149,32 +146,6 @@ def _annotation(pid: str, plans: dict[str, HostPlan], out_keys: dict[int, dict[s
     }
 
 
-def build_graph(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, int], ...],
-                client: str, payloads: dict[str, HostPlan | str] | None = None) -> Graph:
-    """Parallel dispatch as a graph (where the scheduler cannot make a call's keys itself): per host
-    one dispatch task and one output task per output held there.
-
-    Returns the graph, every key to submit, and the output keys per output and host.
-    ``payloads`` replaces a plan by its id for hosts that have it cached already.
-    """
-    from ..worker.tasks import dispatch_task, output_task
-
-    payloads = payloads or {}
-    out_keys = _output_keys(pid, plans)
-    program = _annotation(pid, plans, out_keys, inputs)
-    layers: dict[str, MaterializedLayer] = {}
-    keys: list[Any] = []
-    for h, (addr, plan) in enumerate(plans.items()):
-        dkey = dispatch_key(pid, h)
-        tasks: dict[Any, Task] = {dkey: Task(dkey, dispatch_task, pid, payloads.get(addr, plan), inputs, client)}
-        for j in plan.owned:
-            okey = out_keys[j][addr]
-            tasks[okey] = Task(okey, output_task, TaskRef(dkey), j)
-        keys.extend(tasks)
-        layers[f"pathdask-{pid}-{h}"] = _pinned(tasks, addr, program if h == 0 else None)
-    return HighLevelGraph(layers, {name: set() for name in layers}), keys, out_keys
-
-
 def build_sequential_graph(pid: str, program: Program, plans: dict[str, HostPlan],
                            inputs: tuple[tuple[str, int], ...], client: str,
                            input_keys: tuple[list[Any], ...] = ()) -> Graph:
@@ -186,8 +157,6 @@ def build_sequential_graph(pid: str, program: Program, plans: dict[str, HostPlan
     of the program's arguments (ready once their producer ran). So each gang pays
     a full trip through the Dask scheduler, as in the paper's sequential dispatch.
     """
-    from ..worker.tasks import dispatch_task, output_task, run_gang_task
-
     out_keys = _output_keys(pid, plans)
     hosts = {addr: h for h, addr in enumerate(plans)}
     layers: dict[str, MaterializedLayer] = {}

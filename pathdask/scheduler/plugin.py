@@ -377,12 +377,7 @@ class PathwaysScheduler(SchedulerAnswers, SchedulerPlugin):
                     return
                 until = time.perf_counter() + CALL_SLICE
             try:
-                self.core.check_call(call, self.scheduler.workers)
-                keys = {addr: [as_key(k) for k, _ in outs] for addr, _plan, outs in call["hosts"]}
-                exist = keys_exist(self.scheduler, call_keys(call))
-                if exist:
-                    raise ValueError(f"output key {exist[0]!r} of program {call['pid']} exists already")
-                create_keys(self.scheduler, client, keys, HANDLE_NBYTES)
+                self._call(client, call, batch)
             except Exception as e:  # noqa: BLE001 - answered to the client below
                 self._forward(client, batch)  # the calls before it reach their hosts before its drop
                 if isinstance(e, DeviceLostError):
@@ -390,10 +385,19 @@ class PathwaysScheduler(SchedulerAnswers, SchedulerPlugin):
                 else:
                     logger.exception("pathdask: program %s could not be called", call["pid"])
                 self.apply(self.core.call_failed(client, call, e))
-            else:
-                self.apply(self.core.take_call(client, call), batch)
             until = until if until is not None else time.perf_counter()  # the first call goes alone
         self._forward(client, batch)
+
+    def _call(self, client: str, call: dict[str, Any], batch: dict[str, list[tuple[Any, ...]]]) -> None:
+        """One call: its hosts are live, its output keys are made in memory on them (they must
+        not exist yet), then the core takes it: its parts join ``batch``, it is slotted."""
+        self.core.check_call(call, self.scheduler.workers)
+        keys = {addr: [as_key(k) for k, _ in outs] for addr, _plan, outs in call["hosts"]}
+        exist = keys_exist(self.scheduler, call_keys(call))
+        if exist:
+            raise ValueError(f"output key {exist[0]!r} of program {call['pid']} exists already")
+        create_keys(self.scheduler, client, keys, HANDLE_NBYTES)
+        self.apply(self.core.take_call(client, call), batch)
 
     def _forward(self, client: str, batch: dict[str, list[tuple[Any, ...]]]) -> None:
         """Send each host its calls of one message as one message: the host puts all their

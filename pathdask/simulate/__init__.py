@@ -11,7 +11,7 @@ Examples
 --------
 >>> import pathdask as pw
 >>> from pathdask.simulate import AbstractArray, ClientScript, abstract_mesh, simulate
->>> from pathdask.client.program import trace_program
+>>> from pathdask.client.tracing import trace_program
 >>> topo = pw.Topology(islands=1, hosts_per_island=16, devices_per_host=8)
 >>> mesh = abstract_mesh(topo, {"x": 128})
 >>> prog = trace_program(chained, "chained", (AbstractArray((128,), "f8", mesh, pw.P("x")),),

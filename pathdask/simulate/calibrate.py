@@ -55,6 +55,7 @@ from .. import P
 from ..bench.dispatch import Kernels
 from ..bench.multicontroller import run_multicontroller
 from ..bench.tenancy import _throughput
+from ..protocol import ProgramDone
 from ..system import LocalSystem
 from .measure import SpeedMeter, timed, wrap_dispatch
 from .model import CostModel
@@ -93,7 +94,7 @@ def _timed_take(system: LocalSystem) -> list[float]:
 
 class _Endings:
     """When each host's runtime ended each program (``HostRuntime._ended``, on the event loop)
-    and when the scheduler learned of it (its ``pathdask-program-done`` handler), both per
+    and when the scheduler learned of it (its handler of ``protocol.ProgramDone``), both per
     program at its last host: their difference is how long the scheduler learns of an ending
     after the fact (the done wait)."""
 
@@ -102,13 +103,14 @@ class _Endings:
         self.ended: dict[str, float] = {}
         self.told: dict[str, float] = {}
         scheduler = system.cluster.scheduler
-        inner = scheduler.stream_handlers["pathdask-program-done"]
+        handlers = scheduler.plugins["pathdask"].handlers
+        inner = handlers[ProgramDone]
 
-        def told(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
-            self.told[kwargs["pid"]] = time.perf_counter()
-            return _inner(*args, **kwargs)
+        def told(worker: str, msg: ProgramDone, _inner: Any = inner) -> Any:
+            self.told[msg.pid] = time.perf_counter()
+            return _inner(worker, msg)
 
-        scheduler.stream_handlers["pathdask-program-done"] = told
+        handlers[ProgramDone] = told
         for worker in system.cluster.workers.values():
             rt = worker.plugins["pathdask"]
 

@@ -48,6 +48,8 @@ from typing import Any, TypeVar
 import numpy as np
 from distributed.protocol import dumps, loads
 
+from ..protocol import STREAM_OP, Dispatch, fields_of
+
 __all__ = ["HandlerClock", "SpeedMeter", "one_cpu", "settled", "timed", "wrap_dispatch"]
 
 Echo = Callable[[str], Any]
@@ -65,7 +67,7 @@ def settled(run: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 
 #: what the meter packs and unpacks: a message of the size of a call's dispatch
-_MESSAGE = {"op": "pathdask-dispatch", "program": "p-1",
+_MESSAGE = {"op": STREAM_OP, "kind": Dispatch.kind, "program": "p-1",
             "gangs": [{"gang": i, "devices": list(range(8)), "key": f"x-{i}"} for i in range(8)]}
 _ARRAY = np.zeros(1 << 17)
 
@@ -182,11 +184,15 @@ def timed(inner: Callable[..., T], record: Callable[[float, dict[str, Any]], Non
 
 
 def wrap_dispatch(system: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    """Replace every host's handler of calls (its ``pathdask-dispatch`` stream handler, on an
-    embedded ``LocalSystem``) by ``wrap(handler)``."""
+    """Replace every host's handler of calls (of its ``protocol.Dispatch`` records, on an
+    embedded ``LocalSystem``) by ``wrap(handler)``; the wrapped handler takes the record's
+    fields as keyword arguments."""
     assert system.cluster is not None
     for worker in system.cluster.workers.values():
-        worker.stream_handlers["pathdask-dispatch"] = wrap(worker.stream_handlers["pathdask-dispatch"])
+        rt = worker.plugins["pathdask"]
+        inner = rt.handlers[Dispatch]
+        wrapped = wrap(lambda _inner=inner, **fields: _inner(Dispatch(**fields)))
+        rt.handlers[Dispatch] = lambda msg, _wrapped=wrapped: _wrapped(**fields_of(msg))
 
 
 class HandlerClock:

@@ -60,7 +60,7 @@ class CostModel:
     scheduler_take_s, scheduler_take_host_s
         Of that, what the scheduler's handler of calls spends taking one in, per call and per
         host (``SchedulerPlugin._call``): it cuts a message's calls into slices of
-        :data:`~pathdask.scheduler.calls.CALL_SLICE`, each host's of a slice going as one
+        :data:`~pathdask.scheduler.plugin.CALL_SLICE`, each host's of a slice going as one
         dispatch. The rest of a pipelined call's comes once its slice's dispatches went (Dask's
         own work for its keys, and the comms). A call that travels alone pays all of it as it
         is taken in. By default (``inf``) all of every call's is taken in.

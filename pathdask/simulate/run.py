@@ -48,10 +48,10 @@ import numpy as np
 import simpy
 import xarray as xr
 
-from ..client.program import Program
+from ..client.tracing import Program
 from ..core.order import IslandScheduler, Submission
 from ..dashboard.trace import to_dataset, transfers_dataset
-from ..scheduler.calls import CALL_SLICE
+from ..scheduler.plugin import CALL_SLICE
 from ..topology import Topology
 from .clock import Clock, Hosts, Processor
 from .devices import DeviceEngine, own_seconds
@@ -304,7 +304,7 @@ class Simulation:
 
     def _take(self, calls: list[Call], weight: float, first: bool) -> None:
         """Take in a slice of a message's ``calls`` as ``SchedulerPlugin.call`` does: the first call
-        alone, then the calls of :data:`~pathdask.scheduler.calls.CALL_SLICE` of its handler's
+        alone, then the calls of :data:`~pathdask.scheduler.plugin.CALL_SLICE` of its handler's
         time (:meth:`~.model.CostModel.scheduler_s`). Their dispatches go when the slice is done,
         and the next slice is taken in before the hosts take them in."""
         c, start = self.costs, self.clock.now

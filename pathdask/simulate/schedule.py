@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..client.lowering import _annotation, lower
-from ..client.program import Program
+from ..client.tracing import Program
 from ..collectives import bind
 from ..mesh import Mesh
 from ..ops import GangSpec, KernelOp, Op, ReshardOp

@@ -15,7 +15,8 @@ from typing import Any
 from .. import P
 from ..bench.dispatch import Kernels
 from ..bench.tenancy import _programs
-from ..client.program import Program, ProgramFunction, trace_program
+from ..client.program import ProgramFunction
+from ..client.tracing import Program, trace_program
 from ..mesh import Mesh
 from ..topology import Topology
 from .abstract import AbstractArray, abstract_mesh

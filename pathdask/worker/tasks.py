@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import DeviceLostError
 from ..gather import Buffer, OutputRef, gather
 from ..ops import HostPlan
+from ..protocol import Fetch, ask
 from .runtime import runtime
 
 
@@ -66,11 +67,11 @@ def gather_task(handles: list[Any], ref: OutputRef) -> np.ndarray:
     worker = get_worker()
     secede()
 
-    async def ask(addr: str, buffers: list[Buffer]) -> dict[str, Any]:
+    async def fetch(addr: str, buffers: list[Buffer]) -> dict[str, Any]:
         try:
-            return dict(await worker.rpc(addr).pathdask_fetch(buffers=buffers))
+            return dict(await ask(worker.rpc(addr), Fetch(buffers)))
         except OSError as e:  # CommClosedError is one
             raise DeviceLostError(f"Host {addr}, which holds shards of this array, is gone "
                                   f"({type(e).__name__}: {e})") from e
 
-    return sync(worker.loop, gather, ref, ask)
+    return sync(worker.loop, gather, ref, fetch)

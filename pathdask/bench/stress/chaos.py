@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...faults import fail_next_dispatch
+from ...protocol import WaitHosts, ask
 from ...system import LocalSystem
 from .state import RunState
 
@@ -53,7 +54,7 @@ class WorkerKiller(Agent):
         os.kill(self.pid, signal.SIGKILL)  # a worker of our own LocalSystem, by its PID
 
     def wait_hosts(self) -> None:
-        self.dask.sync(self.dask.scheduler.pathdask_wait_hosts, timeout="60s")
+        self.dask.sync(ask, self.dask.scheduler, WaitHosts(timeout="60s"))
 
 
 class DispatchFailer(Agent):
