@@ -39,7 +39,7 @@ from typing import Any, ClassVar, NamedTuple, dataclass_transform
 from .errors import ProtocolError
 
 __all__ = [
-    "CLIENT", "SCHEDULER", "HOST", "STREAM", "RPC", "PEER", "STREAM_OP", "PEER_STREAM_OP", "PEER_KINDS", "PEER_OPS",
+    "CLIENT", "SCHEDULER", "HOST", "STREAM", "RPC", "PEER", "STREAM_OP", "PROTOCOL_ERROR_TOPIC", "PEER_STREAM_OP", "PEER_KINDS", "PEER_OPS",
     "Route", "Message", "encode", "decode", "fields_of", "ask", "serve", "stream_handler", "KINDS",
 ]
 
@@ -48,6 +48,8 @@ STREAM, RPC, PEER = "stream", "rpc", "peer"
 
 #: the one Dask stream op under which every pathdask stream record travels
 STREAM_OP = "pathdask"
+#: the Dask event topic under which a receiver reports a :class:`ProtocolError` it cannot raise
+PROTOCOL_ERROR_TOPIC = "pathdask-protocol-error"
 #: the Dask handler that takes a peer's one-way stream (``worker/peers.py``, Dask-comm transport)
 PEER_STREAM_OP = "pathdask_peer_stream"
 #: the kinds of peer messages: ``("xfer", pieces)``, ``("chunk", meta, nbytes)``, ``("abort", pid, gang, cause)``

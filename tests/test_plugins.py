@@ -52,7 +52,7 @@ async def _next_event(dask_client, n: int = 1) -> dict:
     import asyncio
 
     for _ in range(500):
-        events = await dask_client.scheduler.events(topic="pathdask-protocol-error")
+        events = await dask_client.scheduler.events(topic=protocol.PROTOCOL_ERROR_TOPIC)
         if len(events) >= n:
             return events[n - 1][1]
         await asyncio.sleep(0.01)

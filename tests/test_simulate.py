@@ -140,7 +140,6 @@ def test_the_scheduler_takes_pipelined_calls_in_at_its_handlers_cost_and_does_th
     from dataclasses import replace
 
     from pathdask.scheduler.plugin import CALL_SLICE
-
     from pathdask.simulate.run import Simulation
 
     topo, prog = _one_gang(0.0)

@@ -12,7 +12,6 @@ every worker. Its observation half is :class:`~pathdask.scheduler.answers.Schedu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -20,10 +19,9 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 import dask
-from dask.utils import parse_timedelta
 from distributed import SchedulerPlugin
-from distributed.core import clean_exception, error_message
-from distributed.protocol import Serialized, deserialize, to_serialize
+from distributed.core import error_message
+from distributed.protocol import to_serialize
 from distributed.protocol.pickle import dumps
 
 from ..compat import create_keys, keys_exist, release_keys, report_erred, send_to_worker
@@ -34,6 +32,7 @@ from ..dashboard.collect import Collector
 from ..errors import DeviceLostError, ProtocolError
 from ..ops import as_key, dispatched_program
 from ..protocol import (
+    PROTOCOL_ERROR_TOPIC,
     SCHEDULER,
     STREAM_OP,
     AllocateMesh,
@@ -71,7 +70,8 @@ from ..topology import Topology
 from ..worker.peers import TOKEN_BYTES
 from ..worker.runtime import HostRuntime
 from .answers import SchedulerAnswers
-from .interruptions import TOPIC, Interruptions
+from .interruptions import Interruptions
+from .membership import HostMembership
 from .resources import ResourceManager
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ CALL_SLICE = 1e-3
 HANDLE_NBYTES = 64
 
 
-class PathwaysScheduler(SchedulerAnswers, SchedulerPlugin):
+class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
     """The control plane of pathdask. See the module docstring.
 
     Parameters
@@ -172,146 +172,7 @@ class PathwaysScheduler(SchedulerAnswers, SchedulerPlugin):
 
     def _protocol_error(self, error: ProtocolError) -> None:
         logger.error("pathdask: %s", error)
-        self.scheduler.log_event("pathdask-protocol-error", {"error": str(error)})
-
-    # -- planned interruptions (``interruptions.py``) ---------------------------------
-    async def host_leaving(self, address: str) -> list[str]:
-        """A host's runtime is closing: its opted-in clients suspend first (the same suspend
-        as the one its retirement started, if it is retiring)."""
-        leaving = self.leaving.get(address)
-        if leaving is None:
-            return await self.interruptions.host_leaving(address)
-        return list(await asyncio.shield(leaving))
-
-    def log_event(self, topic: str, msg: Any, **kwargs: Any) -> None:
-        """Dask's event hook: a host going to ``closing_gracefully`` (``retire_workers``)
-        starts its clients' suspend now, while its buffers are all still there."""
-        if (isinstance(msg, dict) and msg.get("action") == "worker-status-change"
-                and msg.get("status") == "closing_gracefully" and topic in self.resources.hosts
-                and topic not in self.leaving):
-            self.leaving[topic] = asyncio.ensure_future(self.interruptions.host_leaving(topic))
-
-    def suspend_on_interruption(self, client: str) -> None:
-        # Subscribe here too: the client's own subscription travels on its batched stream and
-        # may arrive after a host starts leaving; once this RPC answers, the event will reach it.
-        self.scheduler.subscribe_topic(TOPIC, client)
-        self.interruptions.opt_in(client)
-
-    async def suspended(self, client: str, host: str, error: Any = None) -> None:
-        await self.interruptions.suspended(client, host, error)
-
-    # -- hosts ---------------------------------------------------------------
-    async def register_host(self, address: str, requested: int | None = None,
-                            transport: str | None = None) -> dict[str, Any]:
-        """A host runtime starts. Every other host learns where its socket ``transport``
-        listens, on its stream and so before any program that uses it; the reply gives the
-        host the others' (and the secret they present to each other)."""
-        rec = self.resources.add_host(address, requested)
-        if transport is None:
-            self.transports.pop(address, None)
-        else:  # a host restarted on its old address has a new one
-            self.transports[address] = transport
-        self.apply(self.core.host_joined(address, transport))
-        await self._hosts_changed()
-        logger.info("pathdask: %s is island %d host %d", address, rec.island, rec.host)
-        return {
-            "topology": self.topology.to_dict(),
-            "island": rec.island,
-            "host": rec.host,
-            "ordering": self.ordering,
-            "dispatch_jitter": self.dispatch_jitter,
-            "transport_token": self.transport_token,
-            "transports": {a: t for a, t in self.transports.items() if a != address},
-        }
-
-    def transport_of(self, host: str) -> str | None:
-        """Where ``host``'s socket transport listens; ``None`` if it left (or has none)."""
-        return self.transports.get(host) if host in self.resources.hosts else None
-
-    def hosts_gone(self, hosts: list[str]) -> list[str]:
-        """Which of ``hosts`` are not (or no longer) in the cluster."""
-        return [h for h in hosts if h not in self.resources.hosts]
-
-    async def host_failed(self, address: str, error: dict[str, Any]) -> None:
-        """A worker's host runtime could not start; waiters learn it at once, with its error."""
-        logger.error("pathdask: the host runtime on %s failed to start: %s", address, error.get("exception_text"))
-        self.resources.remove_host(address)
-        self.core.hosts.discard(address)
-        self.transports.pop(address, None)
-        self.host_failures[address] = error
-        await self._hosts_changed()
-
-    async def wait_hosts(self, n: int | None = None, timeout: Any = "30s") -> int:
-        """Wait until ``n`` hosts (default: all of the topology) have registered."""
-        n = self.topology.num_hosts if n is None else n
-        seconds = parse_timedelta(timeout)
-        async with self.hosts_changed:
-            try:
-                await asyncio.wait_for(
-                    self.hosts_changed.wait_for(
-                        lambda: len(self.resources.hosts) >= n or bool(self.host_failures)
-                    ),
-                    seconds,
-                )
-            except TimeoutError:
-                raise TimeoutError(
-                    f"Only {len(self.resources.hosts)} of {n} pathdask hosts registered within "
-                    f"{seconds:g}s; check that every worker runs the pathdask preload"
-                ) from None
-        for address, error in self.host_failures.items():
-            # the scheduler does not deserialize what handlers receive: unpack it here
-            error = {k: deserialize(v.header, v.frames) if isinstance(v, Serialized) else v
-                     for k, v in error.items()}
-            _, exc, tb = clean_exception(**error)
-            assert exc is not None
-            raise type(exc)(f"The pathdask host runtime on {address} failed to start: {exc}").with_traceback(tb)
-        return len(self.resources.hosts)
-
-    async def wait_host_gone(self, address: str) -> None:
-        """Return once host ``address`` is not (or no longer) in the cluster."""
-        async with self.hosts_changed:
-            await self.hosts_changed.wait_for(lambda: address not in self.resources.hosts)
-
-    async def _hosts_changed(self) -> None:
-        async with self.hosts_changed:
-            self.hosts_changed.notify_all()
-
-    def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> Any:
-        """A host left: the programs that use its devices fail with DeviceLostError everywhere.
-
-        A host that is retiring leaves once its clients have suspended: Dask awaits this.
-        """
-        leaving = self.leaving.get(worker)
-        if leaving is not None:
-            return self._remove_after(leaving, worker)
-        self._remove_host(worker)
-        return None
-
-    async def _remove_after(self, leaving: asyncio.Future[Any], worker: str) -> None:
-        for pid in self._stranded(worker):  # fail these now: a suspend must not wait for them
-            reason = f"host {worker} retired before program {pid} was dispatched there"
-            self.apply(self.core.end_program(pid, reason, to_serialize(DeviceLostError(reason))))
-        with contextlib.suppress(Exception):
-            await asyncio.shield(leaving)
-        self.leaving.pop(worker, None)
-        self._leaving_locks.pop(worker, None)
-        self._remove_host(worker)
-
-    def _remove_host(self, worker: str) -> None:
-        self.transports.pop(worker, None)
-        rec = self.resources.remove_host(worker)
-        if rec is None:
-            return
-        asyncio.ensure_future(self._hosts_changed())  # wakes clients waiting on it (wait_host_gone)
-        describe = f"island {rec.island}, host {rec.host}, devices {[d.id for d in rec.devices]}"
-        self.apply(self.core.host_lost(worker, describe, failing=self.scheduler.status.name == "running"))
-
-    def _stranded(self, worker: str) -> list[str]:
-        """Programs whose dispatch task for ``worker`` had not run when Dask began to remove it:
-        Dask took the task off it, so they can never end there."""
-        return [pid for ts in self.scheduler.tasks.values()
-                if (pid := dispatched_program(ts.key)) is not None
-                and ts.state != "memory" and worker in (ts.worker_restrictions or ())]
+        self.scheduler.log_event(PROTOCOL_ERROR_TOPIC, {"error": str(error)})
 
     # -- clients -------------------------------------------------------------
     def register_client(self, client: str, name: str, weight: float = 1.0) -> dict[str, Any]:

@@ -66,6 +66,7 @@ from ..protocol import (
     HOST,
     PEER_OPS,
     PEER_STREAM_OP,
+    PROTOCOL_ERROR_TOPIC,
     STREAM_OP,
     XFER,
     Dispatch,
@@ -263,7 +264,7 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
     def _protocol_error(self, error: ProtocolError) -> None:
         logger.error("pathdask: %s", error)
         assert self.worker is not None
-        self.worker.log_event("pathdask-protocol-error", {"error": str(error), "host": self.address})
+        self.worker.log_event(PROTOCOL_ERROR_TOPIC, {"error": str(error), "host": self.address})
 
     def dispatch(self, pid: str, plan: HostPlan | str, inputs: tuple[BufferKey, ...], client: str,
                  gated: bool = False) -> str:
