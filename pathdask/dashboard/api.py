@@ -17,6 +17,12 @@ from . import views
 FRESH_TIMEOUT = 2.0
 
 
+def root_path(prefix: str) -> str:
+    """The dashboard's root path for a Dask prefix: ``"/"``, or ``"/dask/"`` for ``"dask"``."""
+    inner = prefix.strip("/")
+    return f"/{inner}/" if inner else "/"
+
+
 def plugin_of(scheduler: Any) -> Any:
     """The scheduler's pathdask plugin (``None`` while it is not installed)."""
     return scheduler.plugins.get("pathdask")

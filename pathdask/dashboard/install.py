@@ -17,6 +17,7 @@ from tornado import web
 
 from ..compat import add_bokeh_application, add_http_handlers, dashboard_application
 from . import api
+from .api import root_path
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -24,12 +25,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("pathdask.dashboard")
 
 _installed: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def root_path(prefix: str) -> str:
-    """The dashboard's root path for a Dask prefix: ``"/"``, or ``"/dask/"`` for ``"dask"``."""
-    inner = prefix.strip("/")
-    return f"/{inner}/" if inner else "/"
 
 
 def install(scheduler: Scheduler) -> None:

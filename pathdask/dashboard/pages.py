@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..compat import dashboard_page_parts
-from .api import plugin_of
+from .api import plugin_of, root_path
 from .components import Component, Links, Memory, Queue, Resources, Timeline
-from .install import root_path
 
 #: how often an open page redraws from the record, in milliseconds
 UPDATE_MS = 500

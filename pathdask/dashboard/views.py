@@ -7,13 +7,25 @@ into plot columns, so that a page and its route never disagree.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..topology import LINK_CLASSES
+from ..topology import LINK_CLASSES, Topology
 from .record import ActivityRecord, columns
 
 if TYPE_CHECKING:
-    from ..scheduler.plugin import PathwaysScheduler
+    from ..core.order import IslandScheduler
+    from ..scheduler.resources import ResourceManager
+
+
+class Observed(Protocol):
+    """What the views read of the scheduler plugin (``PathwaysScheduler`` is one)."""
+
+    topology: Topology
+    resources: ResourceManager
+    clients: dict[str, dict[str, Any]]
+
+    @property
+    def order(self) -> IslandScheduler: ...
 
 VIEWS = ("timeline", "memory", "links", "queue", "resources")
 
@@ -59,7 +71,7 @@ def links(record: ActivityRecord) -> dict[str, Any]:
             "pairs": [{"src": s, "dst": d, "bytes": n} for (s, d), n in sorted(record.pairs.items())]}
 
 
-def queue(plugin: PathwaysScheduler, record: ActivityRecord, window: float) -> dict[str, Any]:
+def queue(plugin: Observed, record: ActivityRecord, window: float) -> dict[str, Any]:
     """Per client: programs waiting, slotted and done; its weight, its target share (its weight
     over the weights of the clients with work, queued or run in the last ``window`` seconds),
     and its measured share of the device time used in that window."""
@@ -83,7 +95,7 @@ def queue(plugin: PathwaysScheduler, record: ActivityRecord, window: float) -> d
     return {"policy": plugin.order.policy.name, "window_s": window, "clients": rows}
 
 
-def resources(plugin: PathwaysScheduler) -> dict[str, Any]:
+def resources(plugin: Observed) -> dict[str, Any]:
     """Islands > hosts > devices of the topology, which worker holds each host, and the slices
     (meshes) on each device with their owners."""
     topo, rm = plugin.topology, plugin.resources

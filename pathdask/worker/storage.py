@@ -15,13 +15,13 @@ import numpy as np
 from distributed.core import error_message
 
 if TYPE_CHECKING:
-    from .runtime import HostRuntime
+    from .host import Host
 
 #: (array name, program, value id, device, region of the global array)
 Write = tuple[str, str, int, int, tuple[slice, ...]]
 
 
-async def save(rt: HostRuntime, path: str, writes: list[Write]) -> dict[str, Any]:
+async def save(rt: Host, path: str, writes: list[Write]) -> dict[str, Any]:
     """The ``pathdask_save`` handler: write each listed shard once it is computed.
 
     Returns ``{"bytes": n}``, or ``{"error": ...}`` (a failed program or a storage error)
