@@ -30,7 +30,7 @@ __all__ = [
     "TESTED", "IncompatibleDaskError", "UntestedDaskWarning", "check_versions",
     "flush", "set_interval", "stream_open", "send_to_scheduler", "send_to_worker", "worker_streams_open",
     "client_send", "new_futures", "create_keys", "keys_exist", "release_keys", "report_erred",
-    "put_data", "dashboard_application", "dashboard_page_parts",
+    "put_data", "unfinished_keys_pinned_to", "scheduler_running", "dashboard_application", "dashboard_page_parts",
 ]
 
 #: the releases pathdask is tested against (pinned in ``pyproject.toml``)
@@ -216,6 +216,18 @@ def put_data(worker: Worker, data: Mapping[Any, object], stimulus_id: str) -> No
     """Put values in a worker's data, as one Dask state-machine event (``Worker.update_data``,
     the handler behind ``scatter``). Public replacement: none for a worker's own call."""
     worker.update_data(data=dict(data), stimulus_id=stimulus_id)
+
+
+def unfinished_keys_pinned_to(scheduler: Scheduler, address: str) -> list[Any]:
+    """Keys of tasks restricted to worker ``address`` that are not in memory (``TaskState``'s
+    ``state`` and ``worker_restrictions``). Public replacement: none."""
+    return [ts.key for ts in scheduler.tasks.values()
+            if ts.state != "memory" and address in (ts.worker_restrictions or ())]
+
+
+def scheduler_running(scheduler: Scheduler) -> bool:
+    """Whether the scheduler runs (``Scheduler.status``, not closing). Public replacement: none."""
+    return bool(scheduler.status.name == "running")
 
 
 # -- the dashboard ----------------------------------------------------------------------

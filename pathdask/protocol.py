@@ -9,6 +9,8 @@ One record per message. Its docstring says what the receiver must do; its
   adapter decodes it (:func:`decode`) and hands it to its handler by type.
 - ``RPC``: a Dask handler, called and answered (``await ask(rpc, record)``);
   served by :func:`serve`, which decodes the keyword arguments into the record.
+- ``EVENT``: a Dask event on the topic :data:`INTERRUPTION_TOPIC`, which clients subscribe
+  to; its fields travel as the event's message.
 - ``PEER``: host to host, one way, on the hosts' own sockets (or Dask comms);
   the data plane's three message kinds are :data:`PEER_KINDS`.
 
@@ -39,17 +41,19 @@ from typing import Any, ClassVar, NamedTuple, dataclass_transform
 from .errors import ProtocolError
 
 __all__ = [
-    "CLIENT", "SCHEDULER", "HOST", "STREAM", "RPC", "PEER", "STREAM_OP", "PROTOCOL_ERROR_TOPIC", "PEER_STREAM_OP", "PEER_KINDS", "PEER_OPS",
+    "CLIENT", "SCHEDULER", "HOST", "STREAM", "RPC", "PEER", "EVENT", "STREAM_OP", "PROTOCOL_ERROR_TOPIC", "INTERRUPTION_TOPIC", "PEER_STREAM_OP", "PEER_KINDS", "PEER_OPS",
     "Route", "Message", "encode", "decode", "fields_of", "ask", "serve", "stream_handler", "KINDS",
 ]
 
 CLIENT, SCHEDULER, HOST = "client", "scheduler", "host"
-STREAM, RPC, PEER = "stream", "rpc", "peer"
+STREAM, RPC, PEER, EVENT = "stream", "rpc", "peer", "event"
 
 #: the one Dask stream op under which every pathdask stream record travels
 STREAM_OP = "pathdask"
 #: the Dask event topic under which a receiver reports a :class:`ProtocolError` it cannot raise
 PROTOCOL_ERROR_TOPIC = "pathdask-protocol-error"
+#: the Dask event topic of :class:`HostRetiring`
+INTERRUPTION_TOPIC = "pathdask-interruption"
 #: the Dask handler that takes a peer's one-way stream (``worker/peers.py``, Dask-comm transport)
 PEER_STREAM_OP = "pathdask_peer_stream"
 #: the kinds of peer messages: ``("xfer", pieces)``, ``("chunk", meta, nbytes)``, ``("abort", pid, gang, cause)``
@@ -306,6 +310,15 @@ class WaitIdle(Message):
     what is held otherwise."""
 
     timeout: Any = "10s"
+
+
+@message(SCHEDULER, CLIENT, EVENT)
+class HostRetiring(Message):
+    """Host ``host`` leaves on purpose: each of ``clients`` (opted in, with a slice on it)
+    suspends what it asked for, then answers ``Suspended``."""
+
+    host: str
+    clients: list[str]
 
 
 # -- host → scheduler ------------------------------------------------------------------------

@@ -8,7 +8,8 @@ the cores there is only what is not theirs: devices, modelled as gangs that meet
 running a program pops it once every member device runs it, or at once if it was dropped), a
 store that counts the reads and owners the cores declare, and a client that calls, releases its
 results, and closes or is killed. Late and duplicate plans, calls whose argument keys are
-released, closed clients, hosts lost mid-program, failing dispatches and both policies are drawn.
+released, closed clients, hosts lost mid-program, failing dispatches, plans that never came (a
+restarted host: the real ``PlanMissingError`` path) and both policies are drawn.
 
 The invariants (``ARCHITECTURE.md``): one order per island (every pair of programs two devices
 share runs in the same relative order on both), every slotted program ends on every member host,
@@ -62,6 +63,8 @@ class World:
     scheduler: SchedulerCore
     hosts: dict[str, H.HostCore]
     failing: set[tuple[str, str]]
+    #: (program, host) whose plan never reached the host (it restarted): its dispatch fails there
+    unplanned: set[tuple[str, str]] = field(default_factory=set)
     channels: dict[tuple[str, str], deque[Any]] = field(default_factory=dict)
     programs: dict[str, Program] = field(default_factory=dict)
     order: dict[int, deque[str]] = field(default_factory=lambda: defaultdict(deque))
@@ -134,7 +137,7 @@ class World:
     def call(self, prog: Program) -> None:
         self.programs[prog.pid] = prog
         for addr in prog.placement:  # plans go ahead of their call, and may go twice
-            if addr not in self.lost:
+            if addr not in self.lost and (prog.pid, addr) not in self.unplanned:
                 self.hosts[addr].add_plans(prog.client, [_plan(prog, addr)])
         outs = {a: [(f"{prog.pid}-out-{a}", 0)] for a in prog.placement}
         self.keys[prog.client] += [k for o in outs.values() for k, _ in o]
@@ -250,6 +253,7 @@ def scenarios(draw: Any) -> dict[str, Any]:
         "policy": draw(st.sampled_from(["fifo", "proportional"])),
         "programs": programs,
         "failing": {(p.pid, a) for p in programs for a in p.placement if draw(st.integers(0, 9)) == 0},
+        "unplanned": {(p.pid, a) for p in programs for a in p.placement if draw(st.integers(0, 14)) == 0},
         "closes": draw(st.dictionaries(st.integers(0, 60), st.sampled_from(CLIENTS), max_size=2)),
         "releases": draw(st.dictionaries(st.integers(0, 60), st.sampled_from(CLIENTS), max_size=3)),
         "loses": draw(st.dictionaries(st.integers(0, 60), st.sampled_from(hosts), max_size=1)),
@@ -261,7 +265,7 @@ def scenarios(draw: Any) -> dict[str, Any]:
 def test_every_slotted_program_ends_on_every_host_in_one_order_leaking_nothing(s, choices):
     world = World(SchedulerCore(s["policy"]),
                   {f"h{i}": H.HostCore(f"h{i}", World._devices(f"h{i}"), NoAborts()) for i in range(HOSTS)},
-                  s["failing"])
+                  s["failing"], s["unplanned"])
     for addr in world.hosts:
         world.run_scheduler(world.scheduler.host_joined(addr, None))
     for c in CLIENTS:

@@ -33,6 +33,7 @@ from .. import P, function, pmean, program
 from ..client.client import Client
 from ..client.function import Function
 from ..client.program import ProgramFunction
+from ..compat import set_interval, worker_stream
 from ..streams import pace
 from ..system import LocalSystem, default_topology
 from ..topology import Topology
@@ -149,9 +150,9 @@ def _shard_step(value: float, total: float, n: int, cost: float) -> float:
 def _host_pacing(dask_default: bool, dask_worker: Any = None) -> None:
     """Set a host's stream to the scheduler to Dask's own interval, or back to pathdask's."""
     if dask_default:
-        dask_worker.batched_stream.interval = dask_worker.plugins["pathdask"].dask_stream_interval
+        set_interval(worker_stream(dask_worker), dask_worker.plugins["pathdask"].dask_stream_interval)
     else:
-        pace(dask_worker.batched_stream)
+        pace(worker_stream(dask_worker))
 
 
 def _dask_run(client: Client, workers: list[str], k: int, cost: float, shape: str) -> float | None:

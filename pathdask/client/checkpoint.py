@@ -29,7 +29,7 @@ from ..errors import CheckpointError
 from ..gather import raise_reply_error
 from ..mesh import Mesh
 from ..ops import LoadOp, OutSpec
-from ..protocol import Save, Suspended, SuspendOnInterruption, ask
+from ..protocol import CLIENT, HostRetiring, Save, Suspended, SuspendOnInterruption, ask, decode
 from ..scheduler.interruptions import TOPIC
 from ..sharding import Sharding
 from ..spec import PartitionSpec
@@ -180,8 +180,9 @@ def suspend_on_interruption(client: ArrayClient, path: str | os.PathLike[str],
     watch = Interruption(os.fspath(path))
 
     async def on_event(event: tuple[float, dict[str, Any]]) -> None:
-        msg = event[1]
-        if client.id not in msg["clients"]:
+        msg = decode(event[1], "the scheduler", CLIENT, HostRetiring.kind)
+        assert isinstance(msg, HostRetiring)
+        if client.id not in msg.clients:
             return
         error, names = None, []
         try:
@@ -189,9 +190,9 @@ def suspend_on_interruption(client: ArrayClient, path: str | os.PathLike[str],
             names = await asyncio.to_thread(suspend, client, watch.path, arrays)
         except Exception as e:  # noqa: BLE001 - told to the scheduler and kept in the record
             error = f"{type(e).__name__}: {e}"
-        watch.records.append({"host": msg["host"], "arrays": names, "path": watch.path, "error": error})
+        watch.records.append({"host": msg.host, "arrays": names, "path": watch.path, "error": error})
         watch.happened.set()
-        await ask(client.dask.scheduler, Suspended(client.id, msg["host"], error))
+        await ask(client.dask.scheduler, Suspended(client.id, msg.host, error))
 
     client.dask.subscribe_topic(TOPIC, on_event)
     client.dask.sync(ask, client.dask.scheduler, SuspendOnInterruption(client.id))

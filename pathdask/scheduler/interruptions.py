@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import dask
 from dask.utils import parse_timedelta
 
+from ..protocol import INTERRUPTION_TOPIC, HostRetiring, fields_of
+
 if TYPE_CHECKING:
     from distributed import Scheduler
 
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("pathdask.scheduler")
 
-TOPIC = "pathdask-interruption"
+TOPIC = INTERRUPTION_TOPIC
 
 
 class Interruptions:
@@ -75,7 +77,7 @@ class Interruptions:
         logger.info("pathdask: host %s is leaving; asking clients %s to suspend", address, clients)
         async with self.changed:
             self.pending |= {(address, c) for c in clients}
-        self.scheduler.log_event(TOPIC, {"host": address, "clients": clients})
+        self.scheduler.log_event(TOPIC, fields_of(HostRetiring(address, clients)))
         timeout = parse_timedelta(dask.config.get("pathdask.suspend-timeout"))
         async with self.changed:
             try:

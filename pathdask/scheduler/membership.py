@@ -21,6 +21,7 @@ from dask.utils import parse_timedelta
 from distributed.core import clean_exception
 from distributed.protocol import Serialized, deserialize, to_serialize
 
+from ..compat import scheduler_running, unfinished_keys_pinned_to
 from ..core.island import Instruction, SchedulerCore
 from ..errors import DeviceLostError
 from ..ops import dispatched_program
@@ -183,11 +184,10 @@ class HostMembership:
             return
         asyncio.ensure_future(self._hosts_changed())  # wakes clients waiting on it (wait_host_gone)
         describe = f"island {rec.island}, host {rec.host}, devices {[d.id for d in rec.devices]}"
-        self.apply(self.core.host_lost(worker, describe, failing=self.scheduler.status.name == "running"))
+        self.apply(self.core.host_lost(worker, describe, failing=scheduler_running(self.scheduler)))
 
     def _stranded(self, worker: str) -> list[str]:
         """Programs whose dispatch task for ``worker`` had not run when Dask began to remove it:
         Dask took the task off it, so they can never end there."""
-        return [pid for ts in self.scheduler.tasks.values()
-                if (pid := dispatched_program(ts.key)) is not None
-                and ts.state != "memory" and worker in (ts.worker_restrictions or ())]
+        return [pid for key in unfinished_keys_pinned_to(self.scheduler, worker)
+                if (pid := dispatched_program(key)) is not None]
