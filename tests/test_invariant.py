@@ -128,6 +128,9 @@ class World:
                 self.run_host(addr, self.hosts[addr].ended(ins.pid))
             elif isinstance(ins, H.Tell):
                 self.send(addr, "scheduler", ins.msg)
+            elif isinstance(ins, H.Register):  # the ledger learns it only after its counts
+                assert core_counts_declared(self.store, ins.prog), ins
+                self.run_host(addr, self.hosts[addr].register(ins.prog, ins.enqueue))
             elif isinstance(ins, H.Raise):
                 raise ins.error
             else:
@@ -323,6 +326,12 @@ def test_every_slotted_program_ends_on_every_host_in_one_order_leaking_nothing(s
     assert not leaked, leaked
 
 
+def core_counts_declared(store: dict[tuple[Any, int], list[int]], prog: Any) -> bool:
+    """Every read of ``prog``'s ops is counted in the store before devices may see it."""
+    return all(store[(prog.resolve(ref), d)][0] > 0 for d, ops in prog.plan.ops.items()
+               for op in ops for ref in op.inputs)
+
+
 def _on_lost(entry: tuple[Any, int], world: World) -> bool:
     return f"h{entry[1] // PER_HOST}" in world.lost
 
@@ -337,6 +346,8 @@ def test_a_program_dropped_before_its_slot_withdraws_every_read_it_declared():
     out = core.calls("a", [("p1", "plan-p1", [["p0", 1]], [("p1-out-h0", 0)])])
     declared = sorted((i.key, i.device) for i in out if isinstance(i, H.Declare) and i.consumers)
     assert declared == [(("p0", 1), 0), (("p0", 1), 1)]
+    assert isinstance(out[-1], H.Register)  # the ledger learns of it only after the counts
+    assert core.register(out[-1].prog, out[-1].enqueue) == [H.Wake((0, 1))]
     dropped = core.drop_client("a")
     withdrawn = sorted((i.key, i.device) for i in dropped if isinstance(i, H.Release) and i.consumers)
     assert withdrawn == declared

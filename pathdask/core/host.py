@@ -46,7 +46,7 @@ from .ledger import Aborts, HostProgram, Ledger
 from .plans import PlanCache
 
 __all__ = ["HostCore", "PutHandles", "Enqueue", "Wake", "Declare", "Release", "DropBuffers", "Ended",
-           "Tell", "MarkLost", "MarkJoined", "HandOverLater", "Raise", "Instruction"]
+           "Tell", "MarkLost", "MarkJoined", "Register", "HandOverLater", "Raise", "Instruction"]
 
 
 # -- instructions -----------------------------------------------------------------------------
@@ -110,6 +110,16 @@ class MarkJoined(NamedTuple):
     transport: str | None
 
 
+class Register(NamedTuple):
+    """The program's reads and owners are declared: call :meth:`HostCore.register` now.
+
+    Its own step, carried out after the instructions before it: once in the ledger, a
+    device thread may run it at once, so its buffers' counts must be in the store first.
+    """
+    prog: HostProgram
+    enqueue: bool
+
+
 class HandOverLater(NamedTuple):
     """Test-only jitter: call :meth:`HostCore.hand_over` for ``pid`` a little later."""
     pid: str
@@ -121,7 +131,7 @@ class Raise(NamedTuple):
 
 
 Instruction = (PutHandles | Enqueue | Wake | Declare | Release | DropBuffers | Ended | Tell | MarkLost
-               | MarkJoined | HandOverLater | Raise)
+               | MarkJoined | Register | HandOverLater | Raise)
 
 
 class HostCore:
@@ -259,6 +269,10 @@ class HostCore:
     def _hand_over(self, prog: HostProgram, enqueue: bool) -> list[Instruction]:
         if self.ledger.refused(prog.pid, prog.client) is not None:
             return self._reads(prog, -1)  # dropped while it was held back: it never reads
+        return [Register(prog, enqueue)]
+
+    def register(self, prog: HostProgram, enqueue: bool) -> list[Instruction]:
+        """``Register``: the program enters the ledger, and its devices may take it."""
         # Drops run on the event loop, as this does, so nothing was dropped since the check.
         slotted = not enqueue or self.ledger.slot(prog.pid, prog.client, list(prog.plan.ops))
         refused = self.ledger.register(prog)

@@ -53,6 +53,7 @@ from ..core.host import (
     MarkLost,
     PutHandles,
     Raise,
+    Register,
     Release,
     Tell,
     Wake,
@@ -313,6 +314,8 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
                 self.peers.mark_lost(ins.host)
             elif isinstance(ins, MarkJoined):
                 self.peers.mark_joined(ins.host, ins.transport)
+            elif isinstance(ins, Register):
+                self.apply(self.core.register(ins.prog, ins.enqueue))
             elif isinstance(ins, HandOverLater):
                 self.loop.call_later(random.uniform(0, self.jitter), self._hand_over, ins.pid)
             elif isinstance(ins, Raise):
