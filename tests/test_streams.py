@@ -8,6 +8,7 @@ from distributed.batched import BatchedSend
 from distributed.comm import connect, listen
 
 from pathdask import P, function
+from pathdask.protocol import Dispatch
 from pathdask.streams import flush
 
 
@@ -80,13 +81,14 @@ def test_a_burst_of_calls_reaches_the_hosts_from_its_first_call_on(system, clien
     sizes: list[int] = []
     handlers = {}
     for worker in system.cluster.workers.values():
-        handlers[worker] = inner = worker.stream_handlers["pathdask-dispatch"]
+        rt = worker.plugins["pathdask"]
+        handlers[rt] = inner = rt.handlers[Dispatch]
 
-        def counted(*args, _inner=inner, **kwargs):
-            sizes.append(len(kwargs["calls"]))
-            return _inner(*args, **kwargs)
+        def counted(msg, _inner=inner):
+            sizes.append(len(msg.calls))
+            return _inner(msg)
 
-        worker.stream_handlers["pathdask-dispatch"] = counted
+        rt.handlers[Dispatch] = counted
     try:
         mesh = client.mesh({"x": 2}, island=0)  # one host: one dispatch per slice
         inc = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), name="inc")
@@ -99,5 +101,5 @@ def test_a_burst_of_calls_reaches_the_hosts_from_its_first_call_on(system, clien
         assert sum(sizes) == 100
         assert sizes[0] == 1 and len(sizes) > 1, sizes
     finally:
-        for worker, inner in handlers.items():
-            worker.stream_handlers["pathdask-dispatch"] = inner
+        for rt, inner in handlers.items():
+            rt.handlers[Dispatch] = inner

@@ -50,7 +50,8 @@ class Forward(NamedTuple):
 
 
 class FailKeys(NamedTuple):
-    """The call's keys go again, and ``client``'s futures of them err with ``error``."""
+    """The call of ``pid``'s keys go again, and ``client``'s futures of them err with ``error``."""
+    pid: str
     client: str
     keys: list[Any]
     error: BaseException
@@ -164,7 +165,7 @@ class SchedulerCore:
             self.output_owners.pop(key, None)
         reason = f"the call of program {pid} failed in the scheduler: {type(error).__name__}: {error}"
         cause = error if isinstance(error, DeviceLostError) else DispatchError(reason)
-        out: list[Instruction] = [FailKeys(client, keys, error)]
+        out: list[Instruction] = [FailKeys(pid, client, keys, error)]
         ended = self.end_program(pid, reason, cause)
         if ended:
             return out + ended

@@ -1,6 +1,6 @@
 """Plans that clients sent a host ahead of their calls, so that each call carries only an id.
 
-A client sends a host each new plan (``pathdask_plans``) and waits for the
+A client sends a host each new plan (``protocol.Plans``) and waits for the
 answer *before* it submits a call that names the plan. Delivery therefore never
 depends on the order in which messages and tasks arrive, and a registration never
 waits for another to bring its plan: it finds the plan here, or fails at once.

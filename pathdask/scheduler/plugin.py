@@ -305,9 +305,8 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
                 assert batch is not None, ins
                 batch[ins.host].append(ins.entry)
             elif isinstance(ins, FailKeys):
-                keys = ins.keys
-                release_keys(self.scheduler, ins.client, keys, f"pathdask-call-failed-{keys[0] if keys else ''}")
-                report_erred(self.scheduler, ins.client, keys, error_message(ins.error))
+                release_keys(self.scheduler, ins.client, ins.keys, f"pathdask-call-failed-{ins.pid}")
+                report_erred(self.scheduler, ins.client, ins.keys, error_message(ins.error))
             elif isinstance(ins, Progress):
                 self.progress.set()
             else:  # pragma: no cover - a new instruction without its executor

@@ -75,7 +75,7 @@ def _timer(inner: Callable[..., Any], spans: list[float],
 
 
 def _timed_dispatch(system: LocalSystem) -> list[float]:
-    """Wrap every host's handler of calls (``HostRuntime.on_dispatch``: the output keys' handles
+    """Wrap every host's handler of calls (of ``protocol.Dispatch`` records: the output keys' handles
     and the registration) so that its duration per call lands in the returned list."""
     spans: list[float] = []
     wrap_dispatch(system, lambda handler: _timer(handler, spans, lambda kwargs: len(kwargs.get("calls", ())) or 1))
