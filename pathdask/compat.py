@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TESTED", "IncompatibleDaskError", "UntestedDaskWarning", "check_versions",
-    "flush", "set_interval", "stream_open", "send_to_scheduler", "send_to_worker", "worker_streams_open",
+    "flush", "set_interval", "stream_open", "send_to_scheduler", "send_to_worker",
     "client_send", "new_futures", "create_keys", "keys_exist", "release_keys", "report_erred",
     "put_data", "unfinished_keys_pinned_to", "scheduler_running", "dashboard_application", "dashboard_page_parts",
 ]
@@ -146,11 +146,6 @@ def send_to_worker(scheduler: Scheduler, address: str, msg: dict[str, Any], now:
     if now:
         flush(stream)
     return True
-
-
-def worker_streams_open(scheduler: Scheduler) -> set[str]:
-    """The workers the scheduler has a stream to (``stream_comms``; see ``send_to_worker``)."""
-    return set(scheduler.stream_comms)
 
 
 def client_send(client: Client, msg: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ from distributed.protocol import to_serialize
 from distributed.protocol.pickle import dumps
 
 from ..compat import create_keys, keys_exist, release_keys, report_erred, send_to_worker
-from ..core.island import FailKeys, Forward, Instruction, Progress, SchedulerCore, Send, SendAll, call_keys
+from ..core.island import FailKeys, Forward, Instruction, Progress, SchedulerCore, Send, SendAll
 from ..core.order import make_policy
 from ..dashboard import install
 from ..dashboard.collect import Collector
@@ -254,7 +254,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         not exist yet), then the core takes it: its parts join ``batch``, it is slotted."""
         self.core.check_call(call, self.scheduler.workers)
         keys = {addr: [as_key(k) for k, _ in outs] for addr, _plan, outs in call["hosts"]}
-        exist = keys_exist(self.scheduler, call_keys(call))
+        exist = keys_exist(self.scheduler, (k for made in keys.values() for k in made))
         if exist:
             raise ValueError(f"output key {exist[0]!r} of program {call['pid']} exists already")
         create_keys(self.scheduler, client, keys, HANDLE_NBYTES)

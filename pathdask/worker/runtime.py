@@ -153,8 +153,9 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
         if driven not in DRIVERS:
             raise ValueError(f"pathdask.driver must be one of {', '.join(map(repr, DRIVERS))}, got {driven!r}")
         self.peers.start()  # it listens now: the registration tells every other host where
-        # before registering: the scheduler may announce other hosts as soon as this one is known
-        #: the handlers of stream records, by type (tests may wrap one); filled once the core is
+        # before registering: the scheduler may announce other hosts as soon as this one is known,
+        # so peers learn of them here until the core exists and takes these records too
+        #: the handlers of stream records, by type (tests may wrap one)
         self.handlers: dict[type[Message], Callable[[Any], None]] = {
             HostLost: lambda m: self.peers.mark_lost(m.host),
             HostJoined: lambda m: self.peers.mark_joined(m.host, m.transport),
