@@ -139,6 +139,20 @@ def _host_counts(text: str) -> tuple[int, ...]:
     return counts
 
 
+@bench.command("roundtrip")
+@click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
+@click.option("--out", default="bench-results", show_default=True, help="Folder for JSON.")
+@click.option("--topology", default=None,
+              help="Topology YAML file, or a packaged topology's name.  [default: local]")
+def bench_roundtrip(small: bool, out: str, topology: str | None) -> None:
+    """Where a waiting call's round trip goes, station by station, beside Dask's submit().result()."""
+    from .bench.roundtrip import Config, run
+    from .topology import Topology
+
+    run(Config.small() if small else Config(), Topology.load(topology) if topology else None, out=out,
+        echo=click.echo)
+
+
 @bench.command("tenancy")
 @click.option("--small", is_flag=True, help="A small configuration (as CI runs it).")
 @click.option("--out", default="bench-results", show_default=True, help="Folder for JSON and HTML.")

@@ -46,10 +46,33 @@ def test_bench_dispatch_hosts_small(tmp_path):
     assert set(data["hosts"]) == {"2", "3"}
     for result in data["hosts"].values():
         assert set(result["reaches_95pct_of_multicontroller_at_s"]) == {"OpByOp", "Chained"}
+        assert result["scheduler_cpu_per_call_s"] > 0
         rates = result["rates"]["pathdask OpByOp"]
         assert rates and all(r > 0 for r in rates.values())
     bad = CliRunner().invoke(main, ["bench", "dispatch", "--hosts", "two"])
     assert bad.exit_code != 0 and "host counts" in bad.output
+
+
+def test_bench_roundtrip_small(tmp_path):
+    """Every station of a waiting call's path is timed, in the client, scheduler and host
+    processes, in path order; the round trip is held against Dask's in the same run."""
+    from pathdask import stopwatch
+    from pathdask.bench import roundtrip
+
+    result = roundtrip.run(roundtrip.Config.small(), out=str(tmp_path), echo=lambda s: None)
+    data = json.loads((tmp_path / "roundtrip.json").read_text())
+    assert data["dask_submit_result_ms"] > 0
+    assert len(data["kinds"]) == 2
+    for kind in data["kinds"].values():
+        stations = [row["station"] for row in kind["stations"]]
+        assert set(stations) == set(stopwatch.STATIONS), stations
+        assert stations[0] == "call" and stations[-1] == "result"
+        assert stations.index("taken") < stations.index("ordered") < stations.index("run") < stations.index("ran")
+        at = [row["at_ms"] for row in kind["stations"]]
+        assert at == sorted(at) and at[-1] <= kind["round_trip_ms"] * 1.5
+        assert kind["ratio_to_dask"] == pytest.approx(kind["round_trip_ms"] / data["dask_submit_result_ms"])
+    assert stopwatch.marks() == []  # off again
+    assert result["kinds"] == data["kinds"]
 
 
 @pytest.mark.slow

@@ -7,6 +7,12 @@ in one process (threads mode), and the computation of ``bench dispatch`` (a
 scalar all-reduce over every device, plus an add) is swept over modelled costs,
 smallest first, until pathdask's OpByOp and Chained both reach 95% of the
 multi-controller's OpByOp at the same cost.
+
+Beside it, the scheduler plugin's own CPU per call
+(:class:`~pathdask.scheduler.meter.CallMeter`): ``calls`` one-gang calls of that
+all-reduce (cost 0) are made without waiting, then the system waits until every
+program ended and every key was forgotten, and the plugin's CPU seconds over
+that window are divided by the calls.
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ from typing import Any
 import numpy as np
 
 from .. import P
+from ..client.client import Client
 from ..system import LocalSystem
 from ..topology import Topology
 from .dispatch import Config as DispatchConfig
-from .dispatch import _rates
+from .dispatch import Kernels, _rates
 from .report import save_plots, table, write_json
 
 #: the reference each shape is held against: the multi-controller running one program per step
@@ -38,10 +45,12 @@ class Config:
     costs: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
     computations: int = 64
     repeats: int = 2
+    #: calls over which the scheduler plugin's CPU per call is measured
+    calls: int = 300
 
     @classmethod
     def small(cls, hosts: Sequence[int] = (2, 4)) -> Config:
-        return cls(hosts=tuple(hosts), costs=(1e-3, 1e-2), computations=8, repeats=1)
+        return cls(hosts=tuple(hosts), costs=(1e-3, 1e-2), computations=8, repeats=1, calls=30)
 
 
 def topology_for(hosts: int) -> Topology:
@@ -61,6 +70,7 @@ def sweep(hosts: int, cfg: Config, echo: Callable[[str], Any]) -> dict[str, Any]
         workers = [d.address for d in mesh.devices]
         x = client.put(np.zeros(mesh.size), mesh, P("x"))
         x.result()
+        cpu = plugin_cpu_per_call(client, x, cfg.calls)
         for cost in cfg.costs:
             k = max(8, min(cfg.computations, int(1.0 / cost)))
             r = _rates(client, workers, x, cost, k, dcfg, systems=("pathdask", "multi-controller"),
@@ -76,7 +86,42 @@ def sweep(hosts: int, cfg: Config, echo: Callable[[str], Any]) -> dict[str, Any]
                 break  # larger computations only get closer
         client.close()
     echo(f"  {hosts} hosts: done in {time.perf_counter() - start:.0f}s")
-    return {"rates": rates, "reaches_95pct_of_multicontroller_at_s": reach}
+    return {"rates": rates, "reaches_95pct_of_multicontroller_at_s": reach, "scheduler_cpu_per_call_s": cpu}
+
+
+def plugin_cpu_per_call(client: Client, x: Any, calls: int) -> float:
+    """The scheduler plugin's CPU seconds per call, over ``calls`` calls of the all-reduce,
+    their endings and the forgetting of their keys."""
+    step = Kernels(0.0, 1).step
+    y = step(x)
+    y.result()  # traced, and its plans on the hosts
+    del y
+    base = _settled(client, None)
+    before = client.device_stats()["scheduler"]
+    y = x
+    for _ in range(calls):
+        y = step(y)
+    y.result()
+    del y
+    _settled(client, base)
+    after = client.device_stats()["scheduler"]
+    made = after["calls"] - before["calls"]
+    return float(after["plugin_cpu_s"] - before["plugin_cpu_s"]) / max(made, 1)
+
+
+def _settled(client: Client, buffers: int | None, timeout: float = 60.0) -> int:
+    """Wait until no program runs and the hosts hold ``buffers`` buffers (``None``: as many as
+    they hold once no program runs); returns that count."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = client.device_stats()
+        held = sum(d["buffers"] for d in stats["devices"].values())
+        if stats["programs"] == 0 and (buffers is None or held == buffers):
+            return int(held)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the hosts did not settle in {timeout:g}s: {stats['programs']} program(s) "
+                               f"running, {held} buffer(s) held, {buffers} expected")
+        time.sleep(0.01)
 
 
 def run(cfg: Config, out: str = "bench-results", echo: Callable[[str], Any] = print) -> dict[str, Any]:
@@ -85,10 +130,10 @@ def run(cfg: Config, out: str = "bench-results", echo: Callable[[str], Any] = pr
          "host, every host in this process; the smallest computation (s) at which pathdask reaches "
          f"{REACH:.0%} of the multi-controller")
     by_hosts = {h: sweep(h, cfg, echo) for h in cfg.hosts}
-    rows = [[h, *(r["reaches_95pct_of_multicontroller_at_s"][s] for s in SHAPES),
+    rows = [[h, r["scheduler_cpu_per_call_s"] * 1e6, *(r["reaches_95pct_of_multicontroller_at_s"][s] for s in SHAPES),
              *(_rate_at(r, s) for s in SHAPES)] for h, r in by_hosts.items()]
-    echo(table(["hosts", *(f"{s} 95% at (s)" for s in SHAPES), *(f"{s}/MC at {cfg.costs[0]:g}s" for s in SHAPES)],
-               rows))
+    echo(table(["hosts", "plugin CPU/call (us)", *(f"{s} 95% at (s)" for s in SHAPES),
+                *(f"{s}/MC at {cfg.costs[0]:g}s" for s in SHAPES)], rows))
     result = {"config": cfg.__dict__, "hosts": {str(h): r for h, r in by_hosts.items()}}
     html = save_plots(f"{out}/dispatch-hosts.html", "pathdask bench dispatch --hosts", [
         {"title": "Smallest computation within 95% of the multi-controller", "x_label": "hosts",

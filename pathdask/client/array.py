@@ -18,6 +18,7 @@ from ..html import card, sharding_svg, table
 from ..mesh import Mesh
 from ..sharding import Sharding
 from ..spec import PartitionSpec
+from ..stopwatch import mark
 from ..worker.tasks import gather_task
 from .program import move_program
 from .protocols import ArrayOwner, Sharded
@@ -192,7 +193,9 @@ class ShardedArray(Sharded):
         Raises the original exception if a kernel that produced it failed.
         """
         self._check_alive()
-        return self.client._fetch(self, timeout)
+        out = self.client._fetch(self, timeout)
+        mark("result", self.ref.pid)
+        return out
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self.result()

@@ -30,6 +30,7 @@ from distributed.protocol import to_serialize
 from ..compat import client_send, new_futures
 from ..ops import PLANS_PER_CLIENT, HostPlan
 from ..protocol import Calls, Plans, encode
+from ..stopwatch import mark
 from .calls import build_call
 from .hosts import Hosts
 from .lowering import build_sequential_graph
@@ -105,6 +106,7 @@ class Dispatcher:
         the event loop sends the first go with it, as one message. The arrays it ``reads``
         are kept until it is sent: a release sent after it reaches the hosts after it.
         """
+        mark("call", call["pid"])
         futures = new_futures(self.dask, keys)
         with self.lock:
             for a in reads:
@@ -132,6 +134,8 @@ class Dispatcher:
             return
         try:
             client_send(self.dask, encode(Calls([call for call, _ in waiting])))
+            for call, _ in waiting:
+                mark("sent", call["pid"])
         finally:  # sent, or never to be: either way no host will count these reads later
             self._unread([a for _, reads in waiting for a in reads])
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from ..errors import DeviceLostError
 from ..gather import OutputRef, assemble
+from ..stopwatch import mark
 from ..worker.transport import REQUEST, connect, read_message, readable_now, write_message
 
 __all__ = ["HOST_CHECK_AFTER", "HostSockets", "Unreachable"]
@@ -102,6 +103,7 @@ class HostSockets:
                 asked[sock] = addr
                 with _lost_if_cut(addr):
                     write_message(sock, (REQUEST, ("fetch", [b for _, b in items])))
+            mark("asked", ref.pid)
             poller = select.poll()  # no file descriptor of its own to make and close, as epoll has
             by_fd: dict[int, socket.socket] = {}
             for sock in asked:

@@ -27,6 +27,7 @@ from ..protocol import (
     ask,
 )
 from ..worker.links import add_stats
+from .meter import CallMeter
 from .resources import ResourceManager
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class SchedulerAnswers:
     activity: Collector
     clients: dict[str, dict[str, Any]]
     progress: asyncio.Event
+    meter: CallMeter
 
     @property
     def order(self) -> Any:
@@ -74,7 +76,7 @@ class SchedulerAnswers:
 
     async def stats(self) -> dict[str, Any]:
         replies = await self.ask_hosts(HostStats())
-        return _merge(replies)
+        return {**_merge(replies), "scheduler": self.meter.snapshot()}
 
     async def transfers(self) -> list[Any]:
         """Every host's recent modelled transfers (``links.py``), with wall-clock times."""

@@ -66,12 +66,14 @@ from ..protocol import (
     serve,
     stream_handler,
 )
+from ..stopwatch import mark
 from ..topology import Topology
 from ..worker.peers import TOKEN_BYTES
 from ..worker.runtime import HostRuntime
 from .answers import SchedulerAnswers
 from .interruptions import Interruptions
 from .membership import HostMembership
+from .meter import CallMeter
 from .resources import ResourceManager
 
 if TYPE_CHECKING:
@@ -114,6 +116,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
     async def start(self, scheduler: Scheduler, **kwargs: Any) -> None:
         self.scheduler = scheduler
         self.core = SchedulerCore(self.policy, ordering=self.ordering)
+        self.meter = CallMeter()
         self.resources = ResourceManager(self.topology)
         self.interruptions = Interruptions(scheduler, self.resources)
         #: address -> the suspend its retirement started (``log_event``)
@@ -155,7 +158,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         #: the handlers of stream records, by type (tests may wrap one)
         self.handlers: dict[type[Message], Any] = {
             Calls: self.call,
-            ProgramDone: lambda worker, m: self.apply(self.core.program_done(worker, m.pid)),
+            ProgramDone: self.program_done,
             DispatchFailed: lambda worker, m: self.apply(self.core.dispatch_failed(worker, m.pid, m.error,
                                                                                    m.cause)),
         }
@@ -215,6 +218,11 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         for info in {a["pid"]: a for a in annotations.get("pathdask", {}).values()}.values():
             self.apply(self.core.submit(client, info))
 
+    def program_done(self, worker: str, msg: ProgramDone) -> None:
+        start = time.thread_time()
+        self.apply(self.core.program_done(worker, msg.pid))
+        self.meter.since(start)
+
     async def call(self, client: str, msg: Calls) -> None:
         """Program calls on the client's stream (``client/calls.py``), in the order they were
         made (a call never takes a slot before the calls it reads).
@@ -230,13 +238,17 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         """
         batch: dict[str, list[tuple[Any, ...]]] = defaultdict(list)  # per host, in call order
         until = None
+        start = time.thread_time()
         for call in msg.calls:
             if until is not None and time.perf_counter() >= until:
                 self._forward(client, batch)
+                self.meter.since(start)
                 await asyncio.sleep(0)  # the dispatches go; the hosts and other streams get a turn
+                start = time.thread_time()
                 if client not in self.clients:
                     return
                 until = time.perf_counter() + CALL_SLICE
+            self.meter.calls += 1
             try:
                 self._call(client, call, batch)
             except Exception as e:  # noqa: BLE001 - answered to the client below
@@ -248,6 +260,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
                 self.apply(self.core.call_failed(client, call, e))
             until = until if until is not None else time.perf_counter()  # the first call goes alone
         self._forward(client, batch)
+        self.meter.since(start)
 
     def _call(self, client: str, call: dict[str, Any], batch: dict[str, list[tuple[Any, ...]]]) -> None:
         """One call: its hosts are live, its output keys are made in memory on them (they must
@@ -259,12 +272,15 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
             raise ValueError(f"output key {exist[0]!r} of program {call['pid']} exists already")
         create_keys(self.scheduler, client, keys, HANDLE_NBYTES)
         self.apply(self.core.take_call(client, call), batch)
+        mark("taken", call["pid"])
 
     def _forward(self, client: str, batch: dict[str, list[tuple[Any, ...]]]) -> None:
         """Send each host its calls of one message as one message: the host puts all their
         output keys' handles in its data at once."""
         for addr, calls in batch.items():
             self.tell(addr, Dispatch(client, calls))
+        for pid in {entry[0] for calls in batch.values() for entry in calls}:
+            mark("forwarded", pid)
         batch.clear()
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
@@ -286,7 +302,9 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
                 pid, f"the dispatch of program {pid} failed on host {kwargs.get('worker')}: {text}",
                 kwargs.get("exception")))
         elif finish == "forgotten":
+            began = time.thread_time()
             self.apply(self.core.key_forgotten(key))
+            self.meter.since(began)
 
     # -- instructions out --------------------------------------------------------------
     def apply(self, instructions: list[Instruction],

@@ -19,6 +19,7 @@ from distributed.core import error_message
 from ..core.ledger import Ledger
 from ..core.plans import PlanCache
 from ..gather import encode_block
+from ..stopwatch import mark
 from ..topology import DeviceInfo
 from .activity import activity
 from .dataplane import picklable
@@ -77,6 +78,7 @@ class HostAnswers:
             for pid, vid, dev in buffers:
                 self._raise_if_dropped(pid)
                 out.append(self.store.value((pid, vid), dev, gone))
+            mark("served", buffers[0][0] if buffers else "")
             return ("values", out)
         except Exception as e:  # noqa: BLE001 - the client raises it
             return ("error", picklable(e))

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from ..core.bounded import newest
 from ..core.ledger import HostProgram
+from ..stopwatch import mark
 from ..topology import DeviceInfo
 from .driver import Driver, Waitable
 from .execute import run_op
@@ -165,10 +166,12 @@ class DeviceStream:
                     last_end = None  # waiting for dispatch is not a back-to-back gap
                 self.head = Head(pid, "run", gang, time.monotonic())
                 moved = self.bytes_in, self.bytes_out
+                mark("run", pid)
                 begin = time.perf_counter()
                 clock = run_op(self.host, prog, self.info, op, clock if last_end is not None else None)
                 self.gangs_run += 1
                 end = time.perf_counter()
+                mark("ran", pid)
                 with self.cond:
                     if last_end is not None:
                         self.gaps.append(begin - last_end)

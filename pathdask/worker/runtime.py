@@ -98,6 +98,7 @@ from ..protocol import (
     serve,
     stream_handler,
 )
+from ..stopwatch import mark
 from ..streams import pace
 from ..topology import DeviceInfo, Topology
 from .answers import HostAnswers
@@ -254,6 +255,10 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
     def on_record(self, msg: Message) -> None:
         """A record from the scheduler (its stream): the core's instructions are carried out."""
         self.apply(self.core.handle(msg))
+        if isinstance(msg, (Order, Dispatch)):
+            station = "ordered" if isinstance(msg, Order) else "dispatched"
+            for entry in msg.programs if isinstance(msg, Order) else msg.calls:
+                mark(station, entry[0])
 
     def on_message_rpc(self, rpc: StreamByRpc) -> None:
         """A stream record sent by RPC: the scheduler's stream to a retiring host is closed
