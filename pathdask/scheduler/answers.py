@@ -150,7 +150,10 @@ def _merge(replies: dict[str, Any]) -> dict[str, Any]:
         for cls, v in reply["links"].items():
             add_stats(links.setdefault(cls, {}), v)
         for host, sides in reply.get("nics", {}).items():
-            nics.setdefault(host, {}).update(sides)  # a NIC's two sides are booked on its own host
+            # summed, not replaced: a receiving host also holds an (idle) copy of the sender's
+            # NIC port, which would otherwise hide the sender's own count
+            for side, v in sides.items():
+                add_stats(nics.setdefault(host, {}).setdefault(side, {}), v)
         programs += reply["programs"]
     return {"devices": dict(sorted(devices.items())), "links": links, "nics": dict(sorted(nics.items())),
             "programs": programs}
