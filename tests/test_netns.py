@@ -59,7 +59,7 @@ def test_first_program_and_demo_training_across_machines(tls):
             x = client.put(np.ones((8, 4)), mesh, P("data", "model"))
             w = client.put(np.eye(4), mesh, P("model", None))
             np.testing.assert_array_equal(first["step"](x, w).result(timeout=60), np.ones((8, 4)))
-            assert system.device_stats()["links"]["ici"]["bytes"] > 0
+            assert sum(v["bytes"] for v in system.device_stats()["links"].values()) > 0
             mlp = load_graph("mlp")
             train, held_out = client.mesh(mlp.MESH_SHAPE, island=0), client.mesh(mlp.MESH_SHAPE, island=1)
             result = mlp.train(client, 3, mesh=train, eval_mesh=held_out, seed=0)
