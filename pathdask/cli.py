@@ -107,11 +107,28 @@ def bench() -> None:
 @click.option("--hosts", default=None, metavar="N,N,...",
               help="Instead: for each number of hosts (e.g. 2,4,8,16; threads mode, one device per "
                    "host), the smallest computation at which pathdask reaches 95% of the multi-controller.")
+@click.option("--netns", is_flag=True,
+              help="Instead: the round trip and calls/s across network namespaces (one per machine, "
+                   "dask CLI in each) with 0, 0.1 and 1 ms of delay on every link, beside the embedded "
+                   "system. Needs root and iproute2 (and tc netem for the delays).")
 def bench_dispatch(small: bool, out: str, topology: str | None, repeats: int | None, ray: bool,
-                   processes: bool, hosts: str | None) -> None:
+                   processes: bool, hosts: str | None, netns: bool) -> None:
     """Figures 5-7: dispatch throughput of pathdask, plain Dask and a multi-controller."""
     from .bench.dispatch import Config, run
     from .topology import Topology
+
+    if netns:
+        from .bench import netns as across
+        from .netns import unavailable
+
+        reason = unavailable()
+        if reason:
+            raise click.ClickException(f"--netns cannot run here: {reason}")
+        ncfg = Config.small() if small else Config(computations=64, repeats=3, round_trips=100)
+        if repeats:
+            ncfg.repeats = repeats
+        across.run(ncfg, Topology.load(topology) if topology else None, out=out, echo=click.echo)
+        return
 
     if hosts is not None:
         from .bench import hosts as scaling

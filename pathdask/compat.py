@@ -30,7 +30,7 @@ __all__ = [
     "TESTED", "IncompatibleDaskError", "UntestedDaskWarning", "check_versions",
     "flush", "set_interval", "stream_open", "send_to_scheduler", "send_to_worker",
     "client_send", "new_futures", "create_keys", "keys_exist", "release_keys", "report_erred",
-    "put_data", "unfinished_keys_pinned_to", "scheduler_running", "dashboard_application", "dashboard_page_parts",
+    "put_data", "unfinished_keys_pinned_to", "restart_when_forgotten", "scheduler_running", "dashboard_application", "dashboard_page_parts",
 ]
 
 #: the releases pathdask is tested against (pinned in ``pyproject.toml``)
@@ -218,6 +218,27 @@ def unfinished_keys_pinned_to(scheduler: Scheduler, address: str) -> list[Any]:
     ``state`` and ``worker_restrictions``). Public replacement: none."""
     return [ts.key for ts in scheduler.tasks.values()
             if ts.state != "memory" and address in (ts.worker_restrictions or ())]
+
+
+def restart_when_forgotten(worker: Worker) -> None:
+    """A worker the scheduler no longer knows restarts under its nanny instead of stopping it.
+
+    When a heartbeat finds that the scheduler removed this worker (it was silent past
+    ``pathdask.host-timeout``, behind a partition that has healed), Dask's ``Worker.heartbeat``
+    closes the worker *and its nanny* ("Scheduler was unaware of this worker; shutting down").
+    A host that is alive should rejoin instead: closing the worker alone ends its process, and
+    the nanny starts a fresh worker, which registers as the same host. Only that reason is
+    changed; a lost scheduler still stops the worker and nanny as before. Public replacement:
+    none (``Worker.close`` is called by ``Worker.heartbeat`` with ``nanny=True``).
+    """
+    close = worker.close
+
+    async def close_but_restart_if_forgotten(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("reason") == "worker-heartbeat-missing":
+            kwargs["nanny"] = False
+        return await close(*args, **kwargs)
+
+    worker.close = close_but_restart_if_forgotten  # type: ignore[method-assign]
 
 
 def scheduler_running(scheduler: Scheduler) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Diagnosis", "describe"]
@@ -35,13 +35,17 @@ class Diagnosis:
     devices: dict[int, dict[str, Any]]
     clients: dict[str, dict[str, Any]]
     unreachable: tuple[str, ...] = ()
+    #: hosts whose heartbeats stopped (address -> silent_s, island, host, timeout_s): their
+    #: programs wait until ``pathdask.host-timeout`` declares them lost
+    silent: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def from_reply(cls, reply: dict[str, Any]) -> Diagnosis:
         devices: dict[int, dict[str, Any]] = {}
         for host in reply["hosts"].values():
             devices.update({int(d): s for d, s in host["devices"].items()})
-        return cls(dict(sorted(devices.items())), reply["clients"], tuple(reply.get("unreachable", ())))
+        return cls(dict(sorted(devices.items())), reply["clients"], tuple(reply.get("unreachable", ())),
+                   dict(reply.get("silent", {})))
 
     def waiting(self, program: str | None = None) -> list[dict[str, Any]]:
         """The devices that wait (not idle, not running), on ``program`` if given."""
@@ -56,4 +60,7 @@ class Diagnosis:
                          f"for a slot, {c['slotted']} slotted and unfinished")
         if self.unreachable:
             lines.append(f"hosts that did not answer: {list(self.unreachable)}")
+        for addr, s in self.silent.items():
+            lines.append(f"silent host {addr} (island {s['island']} host {s['host']}): no heartbeat for "
+                         f"{s['silent_s']:.1f}s; declared lost at {s['timeout_s']:g}s (pathdask.host-timeout)")
         return "\n".join(lines)

@@ -36,5 +36,10 @@ def dask_setup(service: Any, pathdask_topology: str | None, pathdask_host: int |
         path = pathdask_topology or dask.config.get("pathdask.scheduler.topology", None)
         topology = Topology.load(path) if path else default_topology()
         service.add_plugin(PathwaysScheduler(topology), name="pathdask")
-    elif pathdask_host is not None:
-        dask.config.set({"pathdask.worker.host": pathdask_host})
+    else:
+        from .compat import restart_when_forgotten
+
+        # a host declared lost while its link was down rejoins once it heals (liveness.py)
+        restart_when_forgotten(service)
+        if pathdask_host is not None:
+            dask.config.set({"pathdask.worker.host": pathdask_host})

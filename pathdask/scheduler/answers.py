@@ -27,6 +27,7 @@ from ..protocol import (
     ask,
 )
 from ..worker.links import add_stats
+from .liveness import HostLiveness
 from .meter import CallMeter
 from .resources import ResourceManager
 
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from distributed import Scheduler
 
 logger = logging.getLogger("pathdask.scheduler")
+
+#: seconds a host has to answer a diagnosis (a diagnosis is asked while something waits)
+DIAGNOSE_TIMEOUT = 5.0
 
 
 class SchedulerAnswers:
@@ -43,6 +47,7 @@ class SchedulerAnswers:
     core: SchedulerCore
     resources: ResourceManager
     activity: Collector
+    liveness: HostLiveness
     clients: dict[str, dict[str, Any]]
     progress: asyncio.Event
     meter: CallMeter
@@ -51,28 +56,39 @@ class SchedulerAnswers:
     def order(self) -> Any:
         return self.core.order
 
-    async def ask_hosts(self, msg: Message) -> dict[str, Any]:
-        """Ask every live host ``msg``; a host that fails to answer (it died, is leaving, or the
-        scheduler is closing) is left out of the replies, logged at debug level: callers see
-        who answered, and background pulls ask again."""
+    async def ask_hosts(self, msg: Message, hosts: list[str] | None = None,
+                        timeout: float | None = None) -> dict[str, Any]:
+        """Ask every live host (or ``hosts``) ``msg``; a host that fails to answer (it died, is
+        leaving, or the scheduler is closing), or not within ``timeout`` seconds, is left out of
+        the replies, logged at debug level: callers see who answered, and background pulls ask
+        again."""
         async def one(addr: str) -> tuple[str, Any]:
             try:
-                return addr, await ask(self.scheduler.rpc(addr), msg)
+                return addr, await asyncio.wait_for(ask(self.scheduler.rpc(addr), msg), timeout)
             except Exception as e:  # noqa: BLE001
                 logger.debug("pathdask: %s did not answer %s: %r", addr, msg.kind, e)
                 return addr, None
 
-        replies = await asyncio.gather(*(one(a) for a in list(self.resources.hosts)))
+        asked = list(self.resources.hosts) if hosts is None else hosts
+        replies = await asyncio.gather(*(one(a) for a in asked))
         return {addr: reply for addr, reply in replies if reply is not None}
 
     async def diagnose(self) -> dict[str, Any]:
         """Per host, each device's state and queue; per client, programs waiting and slotted."""
-        replies = await self.ask_hosts(HostDiagnose())
+        # a silent host is not asked (its answer would wait out a TCP timeout); the others get
+        # a bounded time, so that a diagnosis answers while programs wait on a silent host
+        silent = self.liveness.silent()
+        asked = [a for a in self.resources.hosts if a not in silent]
+        replies = await self.ask_hosts(HostDiagnose(), asked, timeout=DIAGNOSE_TIMEOUT)
         hosts = {a: r for a, r in replies.items() if isinstance(r, dict)}
         counts = self.order.by_client()
         clients = {cid: {**c, **counts.get(cid, {"waiting": 0, "slotted": 0})} for cid, c in self.clients.items()}
+        island_host = {a: (h.island, h.host) for a, h in self.resources.hosts.items()}
         return {"hosts": hosts, "clients": clients,
-                "unreachable": sorted(set(self.resources.hosts) - set(hosts))}
+                "unreachable": sorted(set(self.resources.hosts) - set(hosts) - set(silent)),
+                "silent": {a: {"silent_s": s, "island": island_host.get(a, (None, None))[0],
+                               "host": island_host.get(a, (None, None))[1],
+                               "timeout_s": self.liveness.timeout} for a, s in silent.items()}}
 
     async def stats(self) -> dict[str, Any]:
         replies = await self.ask_hosts(HostStats())
@@ -136,7 +152,10 @@ def _merge(replies: dict[str, Any]) -> dict[str, Any]:
         for cls, v in reply["links"].items():
             add_stats(links.setdefault(cls, {}), v)
         for host, sides in reply.get("nics", {}).items():
-            nics.setdefault(host, {}).update(sides)  # a NIC's two sides are booked on its own host
+            # summed, not replaced: a receiving host also holds an (idle) copy of the sender's
+            # NIC port, which would otherwise hide the sender's own count
+            for side, v in sides.items():
+                add_stats(nics.setdefault(host, {}).setdefault(side, {}), v)
         programs += reply["programs"]
     return {"devices": dict(sorted(devices.items())), "links": links, "nics": dict(sorted(nics.items())),
             "programs": programs}

@@ -27,6 +27,7 @@ from ..errors import DeviceLostError
 from ..ops import dispatched_program
 from ..topology import Topology
 from .interruptions import TOPIC, Interruptions
+from .liveness import HostLiveness
 from .resources import ResourceManager
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class HostMembership:
     host_failures: dict[str, dict[str, Any]]
     transports: dict[str, str]
     transport_token: bytes
+    liveness: HostLiveness
     ordering: bool
     dispatch_jitter: float
     #: carries out the core's instructions (``PathwaysScheduler.apply``)
@@ -184,6 +186,9 @@ class HostMembership:
             return
         asyncio.ensure_future(self._hosts_changed())  # wakes clients waiting on it (wait_host_gone)
         describe = f"island {rec.island}, host {rec.host}, devices {[d.id for d in rec.devices]}"
+        why = self.liveness.describe(worker)
+        if why:
+            describe += f"; {why}"
         self.apply(self.core.host_lost(worker, describe, failing=scheduler_running(self.scheduler)))
 
     def _stranded(self, worker: str) -> list[str]:

@@ -72,6 +72,7 @@ from ..worker.peers import TOKEN_BYTES
 from ..worker.runtime import HostRuntime
 from .answers import SchedulerAnswers
 from .interruptions import Interruptions
+from .liveness import HostLiveness, host_timeout
 from .membership import HostMembership
 from .meter import CallMeter
 from .resources import ResourceManager
@@ -166,10 +167,14 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         await scheduler.register_worker_plugin(None, dumps(HostRuntime()), name="pathdask", idempotent=False)
         self.activity.start()
         install(scheduler)
+        self.liveness = HostLiveness(scheduler, lambda a: a in self.resources.hosts, host_timeout())
+        self.liveness.start()
 
     async def before_close(self, **kwargs: Any) -> None:
         if hasattr(self, "activity"):
             self.activity.stop()
+        if hasattr(self, "liveness"):
+            self.liveness.stop()
 
     close = before_close
 

@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -163,12 +164,18 @@ class Run:
                     bounded(agent.close, 10)
 
 
-def run_once(cfg: Config, plan: RunPlan, index: int) -> dict[str, Any]:
-    """One fresh system, its clients and chaos; the run's report."""
+def run_once(cfg: Config, plan: RunPlan, index: int,
+             make_system: Callable[[RunPlan], Any] | None = None) -> dict[str, Any]:
+    """One fresh system, its clients and chaos; the run's report. ``make_system`` starts another
+    kind of system for the plan (a :class:`~pathdask.netns.NetnsSystem`); chaos then needs
+    ``cfg.chaos`` off, as it strikes a LocalSystem's workers."""
     start = time.perf_counter()
-    system = LocalSystem(topology(), processes=cfg.processes, dashboard_address=None, policy=plan.policy,
-                         dispatch_jitter=plan.jitter)
-    system.start()
+    if make_system is not None:
+        system = make_system(plan)
+    else:
+        system = LocalSystem(topology(), processes=cfg.processes, dashboard_address=None, policy=plan.policy,
+                             dispatch_jitter=plan.jitter)
+        system.start()
     run = Run(system, cfg, plan)
     diagnosis = None
     try:

@@ -1,0 +1,303 @@
+"""``NetnsSystem``: the dask-CLI recipe on N machines made of network namespaces on this one.
+
+Each machine (the scheduler's, and one per host) is a network namespace with
+its own ``eth0``, joined to a bridge (the switch) by a veth pair, with an
+address from the benchmarking range 198.18.0.0/15. This process (the client)
+sits on the switch itself. In each namespace the very commands of
+``cluster/README.md`` run: ``dask scheduler --preload pathdask.preload`` and
+``dask worker --preload pathdask.preload --pathdask-host N``. Every link can be
+shaped (:class:`~pathdask.netns.links.Shape`: rate, and delay and loss where the
+kernel has ``netem``), and cut without a FIN (:meth:`NetnsSystem.partition`),
+then healed.
+
+Every name carries a random suffix, so parallel or leftover runs never collide.
+:meth:`NetnsSystem.close` (also on a failed start) stops the processes it
+started, by handle, then deletes the namespaces, veths and bridge it made.
+
+Needs Linux, root and iproute2 (:func:`~pathdask.netns.links.unavailable` says
+what is missing).
+
+Examples
+--------
+>>> with NetnsSystem(Topology(islands=2, hosts_per_island=1)) as system:  # doctest: +SKIP
+...     client = system.client(name="alice")
+...     system.partition(1)       # host 1's link drops every packet
+...     system.heal(1)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any, Self
+
+import yaml
+from distributed import Security
+
+from ..deploy import dask_command, stop_processes
+from ..protocol import WaitHosts
+from ..systems import System
+from ..topology import Topology
+from . import links
+from .links import LinkError, Shape
+
+__all__ = ["NetnsSystem"]
+
+logger = logging.getLogger("pathdask.netns")
+
+SCHEDULER_PORT = 8786
+
+
+def _free_subnet() -> int:
+    """A /24 of 198.18.0.0/15 (its third byte) that no interface here uses yet."""
+    used = links.run("ip", "-4", "-o", "addr", "show").stdout
+    for _ in range(64):
+        third = random.randrange(0, 256)
+        if f"198.18.{third}." not in used:
+            return third
+    raise LinkError("no free /24 left in 198.18.0.0/24-198.18.255.0/24 for a namespace bridge")
+
+
+class NetnsSystem(System):
+    """A scheduler machine and one machine per host, each a network namespace (see the module).
+
+    Parameters
+    ----------
+    topology : Topology
+        Written to a YAML file that the scheduler's preload loads.
+    shape : Shape, optional
+        Every machine's link (default: unshaped veth).
+    tls : bool
+        Run Dask's comms (and so pathdask's host transport) over TLS, with temporary
+        certificates written for the ``dask`` commands' ``--tls-*`` options.
+    env : dict, optional
+        Extra environment for the scheduler and workers (e.g. ``DASK_PATHDASK__HOST_TIMEOUT``).
+    timeout : float
+        Seconds to wait for the scheduler and every host to come up.
+    """
+
+    def __init__(self, topology: Topology, *, shape: Shape | None = None, tls: bool = False,
+                 env: dict[str, str] | None = None, timeout: float = 90.0) -> None:
+        super().__init__(topology)
+        self.shape = shape or Shape()
+        self.tls = tls
+        self.env = dict(env or {})
+        self.timeout = timeout
+        self.suffix = secrets.token_hex(3)
+        self.bridge = f"pdbr{self.suffix}"
+        self.workdir = Path(tempfile.mkdtemp(prefix="pathdask-netns-"))
+        self.subnet = -1
+        self.namespaces: list[str] = []
+        self.veths: list[str] = []
+        self.machines: dict[str, tuple[str, str, str]] = {}  # name -> (namespace, switch-side veth, ip)
+        self.procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
+        self.address = ""
+        self.cut: set[str] = set()
+
+    # -- the network ---------------------------------------------------------------
+    def ip(self, n: int) -> str:
+        return f"198.18.{self.subnet}.{n}"
+
+    def _network(self) -> None:
+        reason = links.unavailable()
+        if reason:
+            raise LinkError(reason)
+        links.require(self.shape)
+        self.subnet = _free_subnet()
+        links.run("ip", "link", "add", self.bridge, "type", "bridge")
+        self.veths.append(self.bridge)
+        links.run("ip", "addr", "add", f"{self.ip(1)}/24", "dev", self.bridge)
+        links.run("ip", "link", "set", self.bridge, "up")
+        self._machine("scheduler", 2)
+        for host in range(self.topology.num_hosts):
+            self._machine(f"host{host}", 10 + host)
+
+    def _machine(self, name: str, n: int) -> None:
+        ns, peer = f"pathdask-{self.suffix}-{name}", f"pd{self.suffix}{n}"
+        links.run("ip", "netns", "add", ns)
+        self.namespaces.append(ns)
+        links.run("ip", "link", "add", peer, "type", "veth", "peer", "name", f"{peer}x")
+        self.veths.append(peer)
+        links.run("ip", "link", "set", f"{peer}x", "netns", ns)
+        links.run("ip", "-n", ns, "link", "set", f"{peer}x", "name", "eth0")
+        links.run("ip", "-n", ns, "addr", "add", f"{self.ip(n)}/24", "dev", "eth0")
+        links.run("ip", "-n", ns, "link", "set", "eth0", "up")
+        links.run("ip", "-n", ns, "link", "set", "lo", "up")
+        links.run("ip", "link", "set", peer, "master", self.bridge)
+        links.run("ip", "link", "set", peer, "up")
+        self.machines[name] = (ns, peer, self.ip(n))
+        self.set_shape(name, self.shape)
+
+    def set_shape(self, name: str, shape: Shape) -> None:
+        """Shape machine ``name``'s link (``"scheduler"``, ``"host0"``, ...) in both directions."""
+        ns, peer, _ = self.machines[name]
+        links.shape("eth0", shape, netns=ns)
+        links.shape(peer, shape, netem=False)
+
+    def _machine_of(self, host: int | str) -> str:
+        name = host if isinstance(host, str) else f"host{host}"
+        if name not in self.machines:
+            raise KeyError(f"no machine {name!r}; the machines are {sorted(self.machines)}")
+        return name
+
+    def partition(self, host: int | str) -> None:
+        """Machine ``host``'s link drops every packet, both ways, silently (no FIN, no RST)."""
+        name = self._machine_of(host)
+        ns, peer, _ = self.machines[name]
+        links.cut("eth0", netns=ns)
+        links.cut(peer)
+        self.cut.add(name)
+
+    def heal(self, host: int | str) -> None:
+        """Machine ``host``'s link carries packets again, shaped as before."""
+        name = self._machine_of(host)
+        self.set_shape(name, self.shape)
+        self.cut.discard(name)
+
+    def link_bytes(self, host: int | str) -> dict[str, int]:
+        """Bytes the kernel counted on machine ``host``'s link: ``recv`` (into it) and ``sent``."""
+        _, peer, _ = self.machines[self._machine_of(host)]
+        stats = Path("/sys/class/net") / peer / "statistics"
+        # the switch-side veth sends what the machine receives
+        return {"recv": int((stats / "tx_bytes").read_text()), "sent": int((stats / "rx_bytes").read_text())}
+
+    # -- the processes ---------------------------------------------------------------
+    def start(self) -> Self:
+        try:
+            self._network()
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _tls_args(self, role: str) -> list[str]:
+        if not self.tls:
+            return []
+        paths = {k: self.workdir / f"{k}.pem" for k in ("ca", f"{role}-cert", f"{role}-key")}
+        return ["--tls-ca-file", str(paths["ca"]), "--tls-cert", str(paths[f"{role}-cert"]),
+                "--tls-key", str(paths[f"{role}-key"])]
+
+    def _write_certificates(self) -> None:
+        sec = Security.temporary()  # needs cryptography
+        pems = {"ca": sec.tls_ca_file, "scheduler-cert": sec.tls_scheduler_cert,
+                "scheduler-key": sec.tls_scheduler_key, "worker-cert": sec.tls_worker_cert,
+                "worker-key": sec.tls_worker_key}
+        for name, pem in pems.items():
+            (self.workdir / f"{name}.pem").write_text(str(pem))
+        self.security = sec
+
+    def _start(self) -> None:
+        protocol = "tls" if self.tls else "tcp"
+        if self.tls:
+            self._write_certificates()
+        topo = self.workdir / "topology.yaml"
+        topo.write_text(yaml.safe_dump({"topology": self.topology.to_dict()}))
+        sched_file = self.workdir / "scheduler.json"
+        ip = self.machines["scheduler"][2]
+        self._spawn("scheduler", dask_command("scheduler") + [
+            "--protocol", protocol, "--host", ip, "--port", str(SCHEDULER_PORT),
+            "--scheduler-file", str(sched_file), "--no-dashboard", "--dashboard-address", f"{ip}:0",
+            *self._tls_args("scheduler"),
+            "--preload", "pathdask.preload", "--pathdask-topology", str(topo),
+        ])
+        self.address = self._wait(lambda: json.loads(sched_file.read_text())["address"], "the scheduler")
+        for host in range(self.topology.num_hosts):
+            self.start_host(host)
+        self._connect_admin(self.address)
+        n = self.topology.num_hosts
+        self._wait(lambda: self._admin_call(WaitHosts(n, "1s")), f"{n} pathdask hosts")
+
+    def start_host(self, host: int) -> None:
+        """Start host ``host``'s ``dask worker`` in its namespace (again, after it stopped)."""
+        name = f"host{host}"
+        self.procs = [p for p in self.procs if p[0] != name or p[1].poll() is None]
+        self._spawn(name, dask_command("worker") + [
+            self.address, "--host", self.machines[name][2], "--nthreads", str(self.topology.devices_per_host),
+            "--nworkers", "1", "--no-dashboard", "--name", name,
+            "--local-directory", str(self.workdir / name), "--death-timeout", "60",
+            *self._tls_args("worker"),
+            "--preload", "pathdask.preload", "--pathdask-host", str(host),
+        ])
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed in close()
+        env = {**os.environ, "DASK_LOGGING__PATHDASK": "info", **self.env}
+        env.pop("DASK_SCHEDULER_ADDRESS", None)
+        # `ip netns exec` execs the command: the handle is the dask process itself
+        proc = subprocess.Popen(["ip", "netns", "exec", self.machines[name][0], *argv], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+        self.procs.append((name, proc, log))
+
+    def _wait(self, probe: Any, what: str) -> Any:
+        """Call ``probe`` until it answers, checking that every process lives; bounded."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            for name, proc, _ in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"`{name}` exited with {proc.returncode} while waiting for "
+                                       f"{what}; its log ends:\n{self.log(name)}")
+            try:
+                return probe()
+            except (OSError, ValueError, KeyError, TimeoutError):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{what} did not come up in {self.timeout:g}s; logs:\n"
+                                       f"{self.logs()}") from None
+                time.sleep(0.05)
+
+    def pid(self, name: str) -> int:
+        """The process id of ``name``'s ``dask`` command (its nanny, for a host)."""
+        return next(p.pid for n, p, _ in self.procs if n == name and p.poll() is None)
+
+    @property
+    def client_address(self) -> str:
+        return self.address
+
+    @property
+    def scheduler_address(self) -> str:
+        return self.address
+
+    def log(self, name: str, lines: int = 30) -> str:
+        try:
+            text = (self.workdir / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def logs(self, lines: int = 20) -> str:
+        return "\n".join(f"--- {name} ---\n{self.log(name, lines)}" for name in dict.fromkeys(
+            n for n, _, _ in self.procs))
+
+    # -- the end -----------------------------------------------------------------------
+    def _stop(self) -> None:
+        for name in list(self.cut):  # a partitioned worker would wait out its nanny's timeouts
+            with contextlib.suppress(LinkError):
+                self.heal(name)
+        try:
+            stop_processes([(n, p) for n, p, _ in self.procs])
+        finally:
+            for _, _, log in self.procs:
+                log.close()
+            self.procs.clear()
+            self._teardown_network()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _teardown_network(self) -> None:
+        """Delete what this system made, each step on its own: one failure does not stop the rest."""
+        for ns in self.namespaces:  # takes each namespace's eth0, and so its veth pair, with it
+            links.run("ip", "netns", "del", ns, check=False)
+        for dev in self.veths:
+            if Path("/sys/class/net", dev).exists():
+                links.run("ip", "link", "del", dev, check=False)
+        self.namespaces.clear()
+        self.veths.clear()

@@ -1,0 +1,89 @@
+"""A silent host (its process hung: SIGSTOP, no FIN) is declared lost within ``pathdask.host-timeout``.
+
+The programs that use it fail with ``DeviceLostError``; programs on the other
+island run on undelayed; ``diagnose()`` names the silent host while it waits;
+its nanny then restarts the worker, which rejoins as the same host. The same
+over a real network partition is in ``test_netns.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import pathdask as pw
+from pathdask import P
+from pathdask.deploy import CliSystem
+
+from .conftest import SMALL
+
+TIMEOUT = 6.0
+
+
+@pw.function(in_specs=P("x"), out_specs=P("x"), cost=0.01)
+def step(b):
+    return pw.pmean(b, "x") + 1.0
+
+
+def until(predicate, timeout: float, what: str):
+    """Poll ``predicate`` until it returns something true; bounded."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {timeout}s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_hung_host_is_lost_within_the_timeout_and_rejoins(monkeypatch):
+    monkeypatch.setenv("DASK_PATHDASK__HOST_TIMEOUT", f"{TIMEOUT}s")
+    with CliSystem(SMALL) as system:
+        client = system.client(name="liveness")
+        m0, m1 = client.mesh({"x": 4}, island=0), client.mesh({"x": 4}, island=1)
+        x0, x1 = client.put(np.zeros(4), m0, P("x")), client.put(np.zeros(4), m1, P("x"))
+        np.testing.assert_array_equal(step(x0).result(timeout=30), np.ones(4))
+        victim = m0.devices[-1].address
+        pid = client.dask.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGSTOP)  # a worker this test started: hung, its sockets open
+        try:
+            start = time.monotonic()
+            waiter = ThreadPoolExecutor(1)
+            doomed = waiter.submit(step(x0).result, timeout=TIMEOUT + 30)
+            # the other island runs on meanwhile, each call far faster than the timeout
+            slowest, y, silent = 0.0, x1, None
+            while not doomed.done():
+                t = time.monotonic()
+                y = step(y)
+                y.result(timeout=TIMEOUT)
+                slowest = max(slowest, time.monotonic() - t)
+                if time.monotonic() - start > 3.0 and silent is None:
+                    diagnosis = system.diagnose()  # asked while the doomed program waits
+                    silent = diagnosis.silent
+                    assert f"silent host {victim}" in str(diagnosis)
+                assert time.monotonic() - start < TIMEOUT + 10, "the silent host was never declared lost"
+            took = time.monotonic() - start
+            with pytest.raises(pw.DeviceLostError, match=r"silent for \d+\.\ds, past pathdask.host-timeout"):
+                doomed.result()
+            waiter.shutdown()
+            assert took < TIMEOUT + 3, took
+            assert slowest < 1.0, slowest
+            assert silent is not None and victim in silent and silent[victim]["island"] == 0, silent
+            # the nanny restarts the hung worker; the new one takes the free host again
+            until(lambda: len(system.devices()) == SMALL.num_devices, 90, "the host's rejoin")
+            again = client.mesh({"x": 4}, island=0)
+            assert len(set(again.hosts)) == 2
+            x = client.put(np.zeros(4), again, P("x"))
+            np.testing.assert_array_equal(step(x).result(timeout=30), np.ones(4))
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
