@@ -87,3 +87,57 @@ def test_a_hung_host_is_lost_within_the_timeout_and_rejoins(monkeypatch):
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+
+
+class Stutter:
+    """Pause a process for ``pause`` seconds out of every ``period`` (SIGSTOP, then SIGCONT),
+    from a thread, until stopped: every message to or from it waits up to ``pause``, as on
+    a slow link, but it never falls silent for long."""
+
+    def __init__(self, pid: int, pause: float, period: float) -> None:
+        import threading
+
+        self.pid, self.pause, self.period = pid, pause, period
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            os.kill(self.pid, signal.SIGSTOP)
+            self.done.wait(self.pause)
+            os.kill(self.pid, signal.SIGCONT)
+            self.done.wait(self.period - self.pause)
+
+    def __enter__(self) -> Stutter:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+        os.kill(self.pid, signal.SIGCONT)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_slow_host_is_not_lost_and_the_order_holds(monkeypatch):
+    """A host that answers late (paused 50 ms out of every 100 ms: its messages wait up to
+    50 ms each way) for twice the timeout is never declared lost, and programs in flight on
+    it and its peer, five at a time, keep one order (each result counts every program)."""
+    monkeypatch.setenv("DASK_PATHDASK__HOST_TIMEOUT", f"{TIMEOUT}s")
+    one_island = pw.Topology(islands=1, hosts_per_island=2, devices_per_host=1)
+    with CliSystem(one_island) as system:
+        client = system.client(name="slow")
+        mesh = client.mesh({"x": 2})
+        slow = mesh.devices[0].address
+        pid = client.dask.run(os.getpid, workers=[slow])[slow]
+        y, n = client.put(np.zeros(2), mesh, P("x")), 0
+        with Stutter(pid, pause=0.05, period=0.1):
+            start = time.monotonic()
+            while time.monotonic() - start < 2 * TIMEOUT:  # past the timeout: never declared lost
+                ys = [y := step(y) for _ in range(5)]  # five programs in flight, in one order
+                n += len(ys)
+                np.testing.assert_array_equal(y.result(timeout=60), np.full(2, float(n)))
+            assert not system.diagnose().silent
+        assert len(client.devices()) == one_island.num_devices
+        assert n >= 10
