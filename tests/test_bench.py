@@ -46,7 +46,9 @@ def test_bench_dispatch_hosts_small(tmp_path):
     assert set(data["hosts"]) == {"2", "3"}
     for result in data["hosts"].values():
         assert set(result["reaches_95pct_of_multicontroller_at_s"]) == {"OpByOp", "Chained"}
-        assert result["scheduler_cpu_per_call_s"] > 0
+        parts = result["scheduler_cpu_per_call_by_part_s"]
+        assert result["scheduler_cpu_per_call_s"] == pytest.approx(sum(parts.values()))
+        assert parts["keys"] > 0 and parts["slot"] > 0 and parts["ended"] > 0 and parts["forgotten"] > 0
         rates = result["rates"]["pathdask OpByOp"]
         assert rates and all(r > 0 for r in rates.values())
     bad = CliRunner().invoke(main, ["bench", "dispatch", "--hosts", "two"])

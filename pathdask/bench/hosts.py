@@ -27,6 +27,7 @@ import numpy as np
 
 from .. import P
 from ..client.client import Client
+from ..scheduler.meter import PARTS
 from ..system import LocalSystem
 from ..topology import Topology
 from .dispatch import Config as DispatchConfig
@@ -71,6 +72,7 @@ def sweep(hosts: int, cfg: Config, echo: Callable[[str], Any]) -> dict[str, Any]
         x = client.put(np.zeros(mesh.size), mesh, P("x"))
         x.result()
         cpu = plugin_cpu_per_call(client, x, cfg.calls)
+        echo(f"  {hosts} hosts: the scheduler plugin's CPU per call {sum(cpu.values()) * 1e6:.0f} us")
         for cost in cfg.costs:
             k = max(8, min(cfg.computations, int(1.0 / cost)))
             r = _rates(client, workers, x, cost, k, dcfg, systems=("pathdask", "multi-controller"),
@@ -86,12 +88,13 @@ def sweep(hosts: int, cfg: Config, echo: Callable[[str], Any]) -> dict[str, Any]
                 break  # larger computations only get closer
         client.close()
     echo(f"  {hosts} hosts: done in {time.perf_counter() - start:.0f}s")
-    return {"rates": rates, "reaches_95pct_of_multicontroller_at_s": reach, "scheduler_cpu_per_call_s": cpu}
+    return {"rates": rates, "reaches_95pct_of_multicontroller_at_s": reach,
+            "scheduler_cpu_per_call_s": sum(cpu.values()), "scheduler_cpu_per_call_by_part_s": cpu}
 
 
-def plugin_cpu_per_call(client: Client, x: Any, calls: int) -> float:
-    """The scheduler plugin's CPU seconds per call, over ``calls`` calls of the all-reduce,
-    their endings and the forgetting of their keys."""
+def plugin_cpu_per_call(client: Client, x: Any, calls: int) -> dict[str, float]:
+    """The scheduler plugin's CPU seconds per call, by part (:data:`~pathdask.scheduler.meter.PARTS`),
+    over ``calls`` calls of the all-reduce, their endings and the forgetting of their keys."""
     step = Kernels(0.0, 1).step
     y = step(x)
     y.result()  # traced, and its plans on the hosts
@@ -105,8 +108,8 @@ def plugin_cpu_per_call(client: Client, x: Any, calls: int) -> float:
     del y
     _settled(client, base)
     after = client.device_stats()["scheduler"]
-    made = after["calls"] - before["calls"]
-    return float(after["plugin_cpu_s"] - before["plugin_cpu_s"]) / max(made, 1)
+    made = max(after["calls"] - before["calls"], 1)
+    return {part: (after["parts_s"][part] - before["parts_s"][part]) / made for part in PARTS}
 
 
 def _settled(client: Client, buffers: int | None, timeout: float = 60.0) -> int:
@@ -134,6 +137,9 @@ def run(cfg: Config, out: str = "bench-results", echo: Callable[[str], Any] = pr
              *(_rate_at(r, s) for s in SHAPES)] for h, r in by_hosts.items()]
     echo(table(["hosts", "plugin CPU/call (us)", *(f"{s} 95% at (s)" for s in SHAPES),
                 *(f"{s}/MC at {cfg.costs[0]:g}s" for s in SHAPES)], rows))
+    echo("\nwhere the scheduler plugin's CPU per call goes (us)")
+    echo(table(["hosts", *PARTS], [[h, *(r["scheduler_cpu_per_call_by_part_s"][p] * 1e6 for p in PARTS)]
+                                    for h, r in by_hosts.items()]))
     result = {"config": cfg.__dict__, "hosts": {str(h): r for h, r in by_hosts.items()}}
     html = save_plots(f"{out}/dispatch-hosts.html", "pathdask bench dispatch --hosts", [
         {"title": "Smallest computation within 95% of the multi-controller", "x_label": "hosts",

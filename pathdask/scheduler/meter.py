@@ -1,7 +1,7 @@
-"""``CallMeter``: what the scheduler plugin's own work on calls costs, in CPU seconds.
+"""``CallMeter``: what the scheduler plugin's own work on calls costs, in CPU seconds, by part.
 
 ``pathdask bench dispatch --hosts`` reads it (``client.device_stats()["scheduler"]``)
-to show how that work grows with the number of hosts a call uses.
+to show how that work grows with the number of hosts a call uses, and where it goes.
 """
 
 from __future__ import annotations
@@ -9,24 +9,36 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["CallMeter"]
+__all__ = ["CallMeter", "PARTS"]
+
+#: the parts of the plugin's work on a call, in the order a call meets them
+PARTS = {
+    "check": "its hosts are live and its output keys new",
+    "keys": "its output keys made in memory on their hosts (Dask's task state)",
+    "slot": "the scheduler core takes it: parts to forward, slotted in the island's order",
+    "order": "the Order records to its hosts, onto the streams",
+    "forward": "the Dispatch records (each host's part) onto the streams",
+    "ended": "each host's ProgramDone",
+    "forgotten": "each output key forgotten: its host told to free the buffers",
+}
 
 
 class CallMeter:
-    """The plugin's own CPU time on calls: taking them in (keys made, slotted), forwarding
-    them, their hosts' endings and their keys' forgetting, in thread CPU seconds of the
-    scheduler's event loop (``time.thread_time``: the hosts' threads in the same process do not
-    count). Dask's own reading and writing of the messages is not in it."""
+    """The plugin's own CPU time on calls, by part (:data:`PARTS`), in thread CPU seconds of
+    the scheduler's event loop (``time.thread_time``: hosts' threads in the same process do
+    not count). Dask's own reading and writing of the messages is not in it."""
 
-    __slots__ = ("calls", "seconds")
+    __slots__ = ("calls", "parts")
 
     def __init__(self) -> None:
         self.calls = 0
-        self.seconds = 0.0
+        self.parts = dict.fromkeys(PARTS, 0.0)
 
-    def since(self, start: float) -> None:
-        self.seconds += time.thread_time() - start
+    def lap(self, part: str, start: float) -> float:
+        """Add the CPU time since ``start`` to ``part``; returns now, the next part's start."""
+        now = time.thread_time()
+        self.parts[part] += now - start
+        return now
 
     def snapshot(self) -> dict[str, Any]:
-        return {"calls": self.calls, "plugin_cpu_s": self.seconds}
-
+        return {"calls": self.calls, "plugin_cpu_s": sum(self.parts.values()), "parts_s": dict(self.parts)}

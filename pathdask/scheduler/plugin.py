@@ -226,7 +226,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
     def program_done(self, worker: str, msg: ProgramDone) -> None:
         start = time.thread_time()
         self.apply(self.core.program_done(worker, msg.pid))
-        self.meter.since(start)
+        self.meter.lap("ended", start)
 
     async def call(self, client: str, msg: Calls) -> None:
         """Program calls on the client's stream (``client/calls.py``), in the order they were
@@ -243,17 +243,13 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         """
         batch: dict[str, list[tuple[Any, ...]]] = defaultdict(list)  # per host, in call order
         until = None
-        start = time.thread_time()
         for call in msg.calls:
             if until is not None and time.perf_counter() >= until:
                 self._forward(client, batch)
-                self.meter.since(start)
                 await asyncio.sleep(0)  # the dispatches go; the hosts and other streams get a turn
-                start = time.thread_time()
                 if client not in self.clients:
                     return
                 until = time.perf_counter() + CALL_SLICE
-            self.meter.calls += 1
             try:
                 self._call(client, call, batch)
             except Exception as e:  # noqa: BLE001 - answered to the client below
@@ -265,25 +261,34 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
                 self.apply(self.core.call_failed(client, call, e))
             until = until if until is not None else time.perf_counter()  # the first call goes alone
         self._forward(client, batch)
-        self.meter.since(start)
 
     def _call(self, client: str, call: dict[str, Any], batch: dict[str, list[tuple[Any, ...]]]) -> None:
         """One call: its hosts are live, its output keys are made in memory on them (they must
         not exist yet), then the core takes it: its parts join ``batch``, it is slotted."""
+        meter = self.meter
+        meter.calls += 1
+        start = time.thread_time()
         self.core.check_call(call, self.scheduler.workers)
         keys = {addr: [as_key(k) for k, _ in outs] for addr, _plan, outs in call["hosts"]}
         exist = keys_exist(self.scheduler, (k for made in keys.values() for k in made))
         if exist:
             raise ValueError(f"output key {exist[0]!r} of program {call['pid']} exists already")
+        start = meter.lap("check", start)
         create_keys(self.scheduler, client, keys, HANDLE_NBYTES)
-        self.apply(self.core.take_call(client, call), batch)
+        start = meter.lap("keys", start)
+        instructions = self.core.take_call(client, call)
+        start = meter.lap("slot", start)
+        self.apply(instructions, batch)
+        meter.lap("order", start)
         mark("taken", call["pid"])
 
     def _forward(self, client: str, batch: dict[str, list[tuple[Any, ...]]]) -> None:
         """Send each host its calls of one message as one message: the host puts all their
         output keys' handles in its data at once."""
+        start = time.thread_time()
         for addr, calls in batch.items():
             self.tell(addr, Dispatch(client, calls))
+        self.meter.lap("forward", start)
         for pid in {entry[0] for calls in batch.values() for entry in calls}:
             mark("forwarded", pid)
         batch.clear()
@@ -309,7 +314,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         elif finish == "forgotten":
             began = time.thread_time()
             self.apply(self.core.key_forgotten(key))
-            self.meter.since(began)
+            self.meter.lap("forgotten", began)
 
     # -- instructions out --------------------------------------------------------------
     def apply(self, instructions: list[Instruction],
