@@ -96,10 +96,11 @@ def plugin_cpu_per_call(client: Client, x: Any, calls: int) -> dict[str, float]:
     """The scheduler plugin's CPU seconds per call, by part (:data:`~pathdask.scheduler.meter.PARTS`),
     over ``calls`` calls of the all-reduce, their endings and the forgetting of their keys."""
     step = Kernels(0.0, 1).step
+    base = _settled(client, None)  # the buffers of ``x`` alone
     y = step(x)
     y.result()  # traced, and its plans on the hosts
     del y
-    base = _settled(client, None)
+    _settled(client, base)
     before = client.device_stats()["scheduler"]
     y = x
     for _ in range(calls):

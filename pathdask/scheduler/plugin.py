@@ -24,6 +24,7 @@ from distributed.core import error_message
 from distributed.protocol import to_serialize
 from distributed.protocol.pickle import dumps
 
+from .. import gctune
 from ..compat import create_keys, keys_exist, release_keys, report_erred, send_to_worker
 from ..core.island import FailKeys, Forward, Instruction, Progress, SchedulerCore, Send, SendAll
 from ..core.order import make_policy
@@ -115,6 +116,8 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         make_policy(self.policy)  # an unknown name fails here, where the system is configured
 
     async def start(self, scheduler: Scheduler, **kwargs: Any) -> None:
+        gctune.tune()  # put back in before_close
+        self._gc_tuned = True
         self.scheduler = scheduler
         self.core = SchedulerCore(self.policy, ordering=self.ordering)
         self.meter = CallMeter()
@@ -171,6 +174,9 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         self.liveness.start()
 
     async def before_close(self, **kwargs: Any) -> None:
+        if getattr(self, "_gc_tuned", False):
+            self._gc_tuned = False
+            gctune.restore()
         if hasattr(self, "activity"):
             self.activity.stop()
         if hasattr(self, "liveness"):

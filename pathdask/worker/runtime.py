@@ -40,6 +40,7 @@ from distributed import WorkerPlugin
 from distributed.core import error_message
 from distributed.protocol import to_serialize
 
+from .. import gctune
 from ..compat import put_data, send_to_scheduler, worker_stream
 from ..core.host import (
     Declare,
@@ -223,9 +224,14 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
             t.start()
         self.watch = StallWatch(self, parse_timedelta(dask.config.get("pathdask.stall-warning")))
         self.watch.start()
+        gctune.tune()
+        self._gc_tuned = True
         logger.info("pathdask host i%d h%d up with devices %s", self.island, self.host, list(self.devices))
 
     async def teardown(self, worker: Worker, **kwargs: Any) -> None:
+        if getattr(self, "_gc_tuned", False):
+            self._gc_tuned = False
+            gctune.restore()
         if not hasattr(self, "streams"):  # setup failed before the devices started
             if hasattr(self, "peers"):
                 await self.peers.close()
