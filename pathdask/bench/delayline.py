@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..netns import echo, links
-from ..netns.network import Machine, Network
 from ..netns.links import LinkError, Shape
+from ..netns.network import Machine, Network
 from .report import table, write_json
 
 __all__ = ["echo_server", "in_namespace", "measure_pair", "run"]

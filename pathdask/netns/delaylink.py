@@ -93,7 +93,12 @@ class DelayLink:
 
     def set(self, shape: Shape) -> None:
         """Delay and drop frames from ``a`` to ``b`` as ``shape`` says, from now on."""
-        self._ask(f"delay={shape.delay!r} loss={shape.loss!r}", "ok ")
+        self.configure(f"delay={shape.delay!r} loss={shape.loss!r}")
+
+    def configure(self, words: str) -> str:
+        """Set the line's parameters from ``key=value`` words (``delay``, ``loss``, ``rate``, ``limit``
+        and their ``back_`` forms for ``b`` to ``a``; see :mod:`~pathdask.netns.delayline`); its answer."""
+        return self._ask(words, "ok ")
 
     def stats(self) -> str:
         """The line's counters, a JSON line: frames and bytes forwarded and dropped, per direction."""

@@ -9,7 +9,8 @@ Standard library only, run as a file inside a namespace::
 
 ``serve`` answers on TCP (a first byte ``e``: echo each byte; ``s``: read an
 8-byte length, swallow that many bytes, answer ``k``) and echoes UDP datagrams.
-``udp`` sends N numbered datagrams, 1 ms apart, and reports which came back.
+``udp`` sends N numbered datagrams, 1 ms apart, and reports which came back, in
+which order.
 """
 
 from __future__ import annotations
@@ -101,20 +102,28 @@ def send(host: str, port: int, nbytes: int) -> float:
 
 
 def udp(host: str, port: int, n: int) -> list[int]:
-    """Sequence numbers of the ``n`` datagrams (sent 1 ms apart) that came back within 2 s."""
+    """Sequence numbers of the ``n`` datagrams (sent 1 ms apart) that came back within 2 s, in the
+    order they came."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.connect((host, port))
-    sock.settimeout(2.0)
+    back: list[int] = []
+
+    def drain(timeout: float) -> None:  # as they come: a full receive buffer would drop some
+        sock.settimeout(timeout)
+        try:
+            while len(back) < n:
+                back.append(struct.unpack("!I", sock.recv(64))[0])
+                sock.settimeout(timeout)
+        except (TimeoutError, BlockingIOError):
+            pass
+
     for i in range(n):
         sock.send(struct.pack("!I", i))
-        time.sleep(0.001)
-    back = set()
-    try:
-        while len(back) < n:
-            back.add(struct.unpack("!I", sock.recv(64))[0])
-    except TimeoutError:
-        pass
-    return sorted(back)
+        deadline = time.perf_counter() + 0.001
+        while (left := deadline - time.perf_counter()) > 0:
+            drain(left)
+    drain(2.0)
+    return back
 
 
 def main(argv: list[str]) -> None:

@@ -33,7 +33,7 @@ from . import links
 from .delaylink import DelayLink, tun_unavailable
 from .links import LinkError, Shape
 
-__all__ = ["DELAY_LINE_MTU", "Machine", "Network"]
+__all__ = ["DELAY_LINE_MTU", "Machine", "Network", "delay_unavailable"]
 
 DELAY_LINE_MTU = 9000  # jumbo frames: a sixth of the frames a 1500-byte MTU needs, for the line to copy
 
@@ -46,6 +46,14 @@ def _free_subnet() -> int:
         if f"198.18.{third}." not in used:
             return third
     raise LinkError("no free /24 left in 198.18.0.0/24-198.18.255.0/24 for a namespace bridge")
+
+
+def delay_unavailable() -> str | None:
+    """Why no link here can be given a delay or loss (neither netem nor ``/dev/net/tun``), or ``None``."""
+    if links.kernel_has_netem():
+        return None
+    reason = tun_unavailable()
+    return f"this kernel has no tc netem, and {reason}" if reason else None
 
 
 @dataclass
@@ -114,8 +122,9 @@ class Network:
         if self.wants_line(shape):
             reason = tun_unavailable()
             if reason:
-                raise LinkError(f"machine {name!r} needs a delay of {shape.delay * 1e3:g} ms and loss "
-                                f"{shape.loss:.0%}; this kernel has no tc netem, and {reason}")
+                why = "" if links.kernel_has_netem() else "; this kernel has no tc netem"
+                raise LinkError(f"machine {name!r} needs a delay line (delay {shape.delay * 1e3:g} ms, loss "
+                                f"{shape.loss:.0%}){why}, and {reason}")
             machine.line = DelayLink(f"{port}x", port, shape)
             for dev in (port, f"{port}x"):
                 links.run("ip", "link", "set", dev, "mtu", str(DELAY_LINE_MTU))
