@@ -55,6 +55,7 @@ IFF_NO_PI = 0x1000
 READ_SIZE = 65536 + 64  # a frame of the largest MTU a TAP takes, plus its Ethernet header
 PR_SET_TIMERSLACK = 29
 MAX_EARLY = 0.0005  # seconds: the most a wake-up is brought forward to make up for its latency
+COARSE = 0.002  # seconds: a longer sleep stops this much short of its wake-up, then sleeps again
 BATCH = 64  # frames read from one TAP before the other gets its turn
 
 
@@ -211,8 +212,11 @@ def serve(forth: Direction, back: Direction, control: int | None, seed: int | No
             dues = [d for d in (forth.next_due(), back.next_due()) if d is not None]
             wake = min(dues) - late if dues else None
             timeout = None if wake is None else max(0.0, wake - time.monotonic())
+            fine = timeout is not None and 0 < timeout <= COARSE
+            if timeout is not None and timeout > COARSE:  # a long sleep's slack grows with it: two naps
+                timeout -= COARSE / 2
             readable, _, _ = select.select(watch, [], [], timeout)
-            if not readable and wake is not None and timeout:
+            if not readable and wake is not None and fine:
                 late = min(MAX_EARLY, late + (time.monotonic() - wake - late) / 8)
             for fd in readable:
                 if fd == control:
