@@ -104,3 +104,11 @@ def test_without_dev_net_tun_a_delay_is_a_clear_error(monkeypatch, lines):
     assert "is missing" in (delaylink.tun_unavailable() or "")
     with pytest.raises(LinkError, match=r"needs a delay line \(delay 1 ms, loss 0%\).*/nonexistent/net/tun is missing.*modprobe tun"):
         lines.add("a", 10, Shape(delay=0.001))
+
+
+@pytest.mark.timeout(60)
+def test_a_line_that_cannot_start_says_why_and_leaves_nothing(lines):
+    taken = lines.bridge  # a device of that name exists: the line cannot create its TAP
+    with pytest.raises(LinkError, match=rf"exited \(2\) to start: delayline: TUNSETIFF '{taken}' failed"):
+        delaylink.DelayLink(f"{taken}q", taken, Shape(delay=0.001))
+    assert not Path("/sys/class/net", f"{taken}q").exists()

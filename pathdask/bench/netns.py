@@ -8,8 +8,9 @@ a one-way delay of 0, 0.1 and 1 ms on every link, and on the embedded
 of one call whose result is waited for, and calls/s with many calls in flight
 (one call per computation, and one program of many gangs). A delay is set with
 the kernel's ``netem``, or where it is missing on a user-space delay line per
-machine (its own cost shows in the delayed rows: see ``bench delayline``); where
-neither can run, that row says why and is not measured.
+machine (then a row with no delay on delay lines shows the line's own cost; see
+also ``bench delayline``); where neither can run, that row says why and is not
+measured.
 """
 
 from __future__ import annotations
@@ -54,14 +55,16 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
     rows: dict[str, dict[str, Any]] = {}
     with LocalSystem(topology, processes=True, dashboard_address=None) as local:
         rows["embedded (loopback)"] = measure(local, topology, cfg)
-    for delay in delays:
-        name = f"netns, delay {delay * 1e3:g} ms"
+    lines = any(delays) and not kernel_has_netem() and not delay_unavailable()
+    runs = [(d, None) for d in delays] + ([(0.0, True)] if lines else [])  # and the line's own cost
+    for delay, delay_line in runs:
+        name = f"netns, delay {delay * 1e3:g} ms" + (" on delay lines" if delay_line else "")
         reason = delay_unavailable() if delay else None
         if reason:
             rows[name] = {"skipped": reason}
             continue
         try:
-            with NetnsSystem(topology, shape=Shape(delay=delay)) as system:
+            with NetnsSystem(topology, shape=Shape(delay=delay), delay_line=delay_line) as system:
                 rows[name] = measure(system, topology, cfg)
                 rows[name]["link"] = "delay line" if system.network.machine("scheduler").line else (
                     "veth + netem" if delay else "veth")

@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["Direction", "Params", "main", "open_tap"]
+__all__ = ["DelayLineError", "Direction", "Params", "main", "open_tap", "serve", "update"]
 
 TUN_PATH = "/dev/net/tun"
 TUNSETIFF = 0x400454CA
@@ -54,7 +54,7 @@ IFF_TAP = 0x0002
 IFF_NO_PI = 0x1000
 READ_SIZE = 65536 + 64  # a frame of the largest MTU a TAP takes, plus its Ethernet header
 PR_SET_TIMERSLACK = 29
-MAX_EARLY = 0.0005  # seconds: the most a wake-up is brought forward to make up for its latency
+MAX_EARLY = 0.0001  # seconds: the most a wake-up is brought forward (then spun) for its latency
 COARSE = 0.002  # seconds: a longer sleep stops this much short of its wake-up, then sleeps again
 BATCH = 64  # frames read from one TAP before the other gets its turn
 

@@ -7,6 +7,9 @@ frames on their way out of the machine (A→B) only, as ``netem`` on the
 machine's ``eth0`` would, so a round trip between two such machines takes
 ``2 * delay`` as on netem. Rates stay with ``tbf`` on both TAPs (the kernel
 paces more finely than Python), as on a veth pair.
+
+The process reads its commands from a pipe of this one: if this process dies
+without stopping it, the pipe's end stops it too, and its TAPs vanish.
 """
 
 from __future__ import annotations
