@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pathdask.bench.delayline import echo_server, in_namespace
-from pathdask.netns import LinkError, Network, Shape, delaylink
+from pathdask.netns import LinkError, Network, Shape, delayline, delaylink
 from pathdask.netns.delayline import DelayLineError, Params, update
 
 from .netns_support import require_delay_line, require_namespaces
@@ -100,7 +100,7 @@ def test_closing_stops_the_lines_and_their_taps_vanish(lines):
 
 @pytest.mark.timeout(60)
 def test_without_dev_net_tun_a_delay_is_a_clear_error(monkeypatch, lines):
-    monkeypatch.setattr(delaylink.delayline, "TUN_PATH", "/nonexistent/net/tun")
+    monkeypatch.setattr(delayline, "TUN_PATH", "/nonexistent/net/tun")
     assert "is missing" in (delaylink.tun_unavailable() or "")
     with pytest.raises(LinkError, match=r"needs a delay line \(delay 1 ms, loss 0%\).*/nonexistent/net/tun is missing.*modprobe tun"):
         lines.add("a", 10, Shape(delay=0.001))

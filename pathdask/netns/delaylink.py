@@ -21,7 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-from . import delayline
 from .links import LinkError, Shape
 
 __all__ = ["DelayLink", "tun_unavailable"]
@@ -31,6 +30,9 @@ PRIORITY = -10  # the line is the network: it should not wait behind the machine
 
 def tun_unavailable() -> str | None:
     """Why a delay line cannot run here (no ``/dev/net/tun``), or ``None`` if it can."""
+    # imported here, not above: ``python -m pathdask.netns.delayline`` imports this package first
+    from . import delayline
+
     tun = Path(delayline.TUN_PATH)
     if not tun.exists():
         return (f"{tun} is missing, so no user-space delay line either: load the tun module "
@@ -54,6 +56,8 @@ class DelayLink:
     """
 
     def __init__(self, a: str, b: str, shape: Shape, *, timeout: float = 10.0) -> None:
+        from . import delayline
+
         self.a, self.b, self.timeout = a, b, timeout
         argv = [sys.executable, "-I", delayline.__file__, "--a", a, "--b", b, "--delay", repr(shape.delay),
                 "--loss", repr(shape.loss), "--back-delay", "0", "--back-loss", "0"]
