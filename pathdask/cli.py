@@ -110,7 +110,7 @@ def bench() -> None:
 @click.option("--netns", is_flag=True,
               help="Instead: the round trip and calls/s across network namespaces (one per machine, "
                    "dask CLI in each) with 0, 0.1 and 1 ms of delay on every link, beside the embedded "
-                   "system. Needs root and iproute2 (and tc netem for the delays).")
+                   "system. Needs root and iproute2 (and tc netem or /dev/net/tun for the delays).")
 def bench_dispatch(small: bool, out: str, topology: str | None, repeats: int | None, ray: bool,
                    processes: bool, hosts: str | None, netns: bool) -> None:
     """Figures 5-7: dispatch throughput of pathdask, plain Dask and a multi-controller."""
@@ -154,6 +154,22 @@ def _host_counts(text: str) -> tuple[int, ...]:
     if not counts or min(counts) < 1:
         raise click.BadParameter(f"expected host counts such as 2,4,8,16; got {text!r}", param_hint="--hosts")
     return counts
+
+
+@bench.command("delayline")
+@click.option("--small", is_flag=True, help="Fewer round trips and a smaller transfer.")
+@click.option("--out", default="bench-results", show_default=True, help="Folder for JSON.")
+def bench_delayline(small: bool, out: str) -> None:
+    """What a link's delay really adds between two namespaces: round trips at 0, 0.1, 1 and 50 ms of
+    one-way delay (netem, or the user-space delay line without it), and a transfer's throughput."""
+    from .bench import delayline
+    from .netns import unavailable
+
+    reason = unavailable()
+    if reason:
+        raise click.ClickException(f"network namespaces cannot be used here: {reason}")
+    delayline.run(out=out, echo_=click.echo, round_trips=50 if small else 300,
+                  nbytes=(16 if small else 128) * 2**20)
 
 
 @bench.command("roundtrip")

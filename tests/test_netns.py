@@ -2,15 +2,15 @@
 
 Each test starts a :class:`~pathdask.netns.NetnsSystem` (needs root and
 iproute2; skipped with the reason where they are missing, and failed instead
-when ``PATHDASK_REQUIRE_NETNS=1``, as in CI). Links with a delay need the
-kernel's ``netem``; where it is missing those checks run without the delay, or
-skip, saying so.
+when ``PATHDASK_REQUIRE_NETNS=1``, as in CI). Links with a delay use the
+kernel's ``netem``, or where it is missing a user-space delay line (needs
+``/dev/net/tun``; skipped or failed the same way without it).
 """
 
 from __future__ import annotations
 
-import os
 import re
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +21,9 @@ import pytest
 import pathdask as pw
 from pathdask import P
 from pathdask.demo import RTOL, load_graph
-from pathdask.netns import NetnsSystem, Shape, kernel_has_netem, unavailable
+from pathdask.netns import NetnsSystem, Shape
+
+from .netns_support import require_delay, require_namespaces
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO_ISLANDS = pw.Topology(islands=2, hosts_per_island=1, devices_per_host=2, hbm=256 * 2**20)
@@ -30,11 +32,7 @@ TIMEOUT = 6.0
 
 @pytest.fixture(autouse=True)
 def _namespaces_possible():
-    reason = unavailable()
-    if reason:
-        if os.environ.get("PATHDASK_REQUIRE_NETNS") == "1":
-            pytest.fail(f"PATHDASK_REQUIRE_NETNS=1 but network namespaces cannot be used: {reason}")
-        pytest.skip(reason)
+    require_namespaces()
 
 
 def _first_program() -> dict:
@@ -72,9 +70,9 @@ def test_first_program_and_demo_training_across_machines(tls):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_cross_island_move_crosses_a_shaped_link_and_the_stats_match_it():
-    delay = 1e-3 if kernel_has_netem() else 0.0  # netem delay 1ms where the kernel has it
-    rate = 1e9
-    with NetnsSystem(TWO_ISLANDS, shape=Shape(delay=delay, rate=rate)) as system:
+    require_delay()
+    rate = 1e9  # and 1 ms one way: netem, or a delay line (perhaps slower than the rate: that passes)
+    with NetnsSystem(TWO_ISLANDS, shape=Shape(delay=1e-3, rate=rate)) as system:
         with system.client(name="mover") as client:
             src, dst = client.mesh({"x": 2}, island=0), client.mesh({"x": 2}, island=1)
             data = np.arange(4 * 2**20, dtype=np.float64).reshape(2, -1)  # 32 MiB
@@ -189,12 +187,10 @@ def test_a_partitioned_host_is_lost_within_the_timeout_and_rejoins_when_healed(p
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_slow_host_is_not_lost_and_the_order_holds():
-    if not kernel_has_netem():
-        pytest.skip("a 50 ms link needs tc netem, which this kernel lacks (sch_netem); "
-                    "the harness does not fake delays")
+    require_delay()
     one_island = pw.Topology(islands=1, hosts_per_island=2, devices_per_host=1)
-    with NetnsSystem(one_island, env={"DASK_PATHDASK__HOST_TIMEOUT": f"{TIMEOUT:g}s"}) as system:
-        system.set_shape("host0", Shape(delay=0.05))  # a 100 ms round trip to host 0
+    slow = {"host0": Shape(delay=0.05)}  # 50 ms from host 0 to any other machine: netem or a delay line
+    with NetnsSystem(one_island, shapes=slow, env={"DASK_PATHDASK__HOST_TIMEOUT": f"{TIMEOUT:g}s"}) as system:
         with system.client(name="slow") as client:
             mesh = client.mesh({"x": 2})
             y, n, start = client.put(np.zeros(2), mesh, P("x")), 0, time.monotonic()
@@ -204,3 +200,19 @@ def test_a_slow_host_is_not_lost_and_the_order_holds():
                 np.testing.assert_array_equal(y.result(timeout=60), np.full(2, float(n)))
             assert len(client.devices()) == one_island.num_devices
             assert not system.diagnose().silent
+            # the delay was real: a TCP connect from the switch waits for host 0's SYN-ACK, 50 ms late
+            workers = {d["address"] for d in client.devices()}
+            connects = {h: _connect_time(next(a for a in workers if f"//{system.ip_of(f'host{h}')}:" in a))
+                        for h in (0, 1)}
+            assert connects[0] >= 0.05 > connects[1], connects
+
+
+def _connect_time(address: str) -> float:
+    """Median seconds of five TCP connects to ``tcp://ip:port``."""
+    ip, port = address.removeprefix("tcp://").rsplit(":", 1)
+    times = []
+    for _ in range(5):
+        start = time.monotonic()
+        socket.create_connection((ip, int(port)), timeout=10).close()
+        times.append(time.monotonic() - start)
+    return sorted(times)[2]

@@ -6,8 +6,11 @@ namespace of its own, joined by a bridge, each started with the dask CLI), with
 a one-way delay of 0, 0.1 and 1 ms on every link, and on the embedded
 ``LocalSystem`` (worker processes on loopback). For each: the median round trip
 of one call whose result is waited for, and calls/s with many calls in flight
-(one call per computation, and one program of many gangs). A delay needs the
-kernel's ``netem``; where it is missing, that row says so and is not measured.
+(one call per computation, and one program of many gangs). A delay is set with
+the kernel's ``netem``, or where it is missing on a user-space delay line per
+machine (then a row with no delay on delay lines shows the line's own cost; see
+also ``bench delayline``); where neither can run, that row says why and is not
+measured.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import P
-from ..netns import LinkError, NetnsSystem, Shape, kernel_has_netem
+from ..netns import LinkError, NetnsSystem, Shape, delay_unavailable, kernel_has_netem
 from ..system import LocalSystem, default_topology
 from ..systems import System
 from ..topology import Topology
@@ -52,21 +55,26 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
     rows: dict[str, dict[str, Any]] = {}
     with LocalSystem(topology, processes=True, dashboard_address=None) as local:
         rows["embedded (loopback)"] = measure(local, topology, cfg)
-    for delay in delays:
-        name = f"netns, delay {delay * 1e3:g} ms"
-        if delay and not kernel_has_netem():
-            rows[name] = {"skipped": "tc netem is not in this kernel (sch_netem): no delay can be set"}
+    lines = any(delays) and not kernel_has_netem() and not delay_unavailable()
+    runs = [(d, None) for d in delays] + ([(0.0, True)] if lines else [])  # and the line's own cost
+    for delay, delay_line in runs:
+        name = f"netns, delay {delay * 1e3:g} ms" + (" on delay lines" if delay_line else "")
+        reason = delay_unavailable() if delay else None
+        if reason:
+            rows[name] = {"skipped": reason}
             continue
         try:
-            with NetnsSystem(topology, shape=Shape(delay=delay)) as system:
+            with NetnsSystem(topology, shape=Shape(delay=delay), delay_line=delay_line) as system:
                 rows[name] = measure(system, topology, cfg)
+                rows[name]["link"] = "delay line" if system.network.machine("scheduler").line else (
+                    "veth + netem" if delay else "veth")
         except LinkError as e:
             rows[name] = {"skipped": str(e)}
     echo(f"pathdask bench dispatch --netns: a one-gang all-reduce over the {topology.devices_per_island} "
          f"devices of island 0 ({topology.describe()}); every link's one-way delay as given")
-    echo(table(["system", "round trip (ms)", "ready fetch (ms)", "OpByOp calls/s", "Chained gangs/s"],
-               [[n, r.get("round_trip_ms"), r.get("fetch_ready_ms"), r.get("opbyop_per_s"),
-                 r.get("chained_per_s")] if "skipped" not in r else [n, "skipped: " + r["skipped"], None, None, None]
+    echo(table(["system", "link", "round trip (ms)", "ready fetch (ms)", "OpByOp calls/s", "Chained gangs/s"],
+               [[n, r.get("link", "loopback"), r.get("round_trip_ms"), r.get("fetch_ready_ms"), r.get("opbyop_per_s"),
+                 r.get("chained_per_s")] if "skipped" not in r else [n, "skipped: " + r["skipped"], None, None, None, None]
                 for n, r in rows.items()]))
     result = {"config": cfg.__dict__, "topology": topology.to_dict(), "netem": kernel_has_netem(), "rows": rows}
     write_json(f"{out}/dispatch-netns.json", result)

@@ -1,21 +1,23 @@
 """``NetnsSystem``: the dask-CLI recipe on N machines made of network namespaces on this one.
 
 Each machine (the scheduler's, and one per host) is a network namespace with
-its own ``eth0``, joined to a bridge (the switch) by a veth pair, with an
-address from the benchmarking range 198.18.0.0/15. This process (the client)
-sits on the switch itself. In each namespace the very commands of
+its own ``eth0``, joined to a bridge (the switch) by a veth pair, or by a
+user-space delay line where its link needs a delay and the kernel has no
+``netem`` (:mod:`~pathdask.netns.network`), with an address from the
+benchmarking range 198.18.0.0/15. This process (the client) sits on the switch
+itself. In each namespace the very commands of
 ``cluster/README.md`` run: ``dask scheduler --preload pathdask.preload`` and
 ``dask worker --preload pathdask.preload --pathdask-host N``. Every link can be
-shaped (:class:`~pathdask.netns.links.Shape`: rate, and delay and loss where the
-kernel has ``netem``), and cut without a FIN (:meth:`NetnsSystem.partition`),
+shaped (:class:`~pathdask.netns.links.Shape`: rate, delay and loss), and cut without a FIN (:meth:`NetnsSystem.partition`),
 then healed.
 
 Every name carries a random suffix, so parallel or leftover runs never collide.
 :meth:`NetnsSystem.close` (also on a failed start) stops the processes it
-started, by handle, then deletes the namespaces, veths and bridge it made.
+started, by handle, then its delay lines, and deletes the namespaces, links and
+bridge it made.
 
 Needs Linux, root and iproute2 (:func:`~pathdask.netns.links.unavailable` says
-what is missing).
+what is missing), and ``/dev/net/tun`` for a delay without ``netem``.
 
 Examples
 --------
@@ -31,8 +33,6 @@ import contextlib
 import json
 import logging
 import os
-import random
-import secrets
 import shutil
 import subprocess
 import tempfile
@@ -47,24 +47,14 @@ from ..deploy import dask_command, stop_processes
 from ..protocol import WaitHosts
 from ..systems import System
 from ..topology import Topology
-from . import links
 from .links import LinkError, Shape
+from .network import Network
 
 __all__ = ["NetnsSystem"]
 
 logger = logging.getLogger("pathdask.netns")
 
 SCHEDULER_PORT = 8786
-
-
-def _free_subnet() -> int:
-    """A /24 of 198.18.0.0/15 (its third byte) that no interface here uses yet."""
-    used = links.run("ip", "-4", "-o", "addr", "show").stdout
-    for _ in range(64):
-        third = random.randrange(0, 256)
-        if f"198.18.{third}." not in used:
-            return third
-    raise LinkError("no free /24 left in 198.18.0.0/24-198.18.255.0/24 for a namespace bridge")
 
 
 class NetnsSystem(System):
@@ -75,7 +65,14 @@ class NetnsSystem(System):
     topology : Topology
         Written to a YAML file that the scheduler's preload loads.
     shape : Shape, optional
-        Every machine's link (default: unshaped veth).
+        Every machine's link (default: unshaped).
+    shapes : dict, optional
+        Some machines' links instead (``{"host0": Shape(delay=0.05)}``; the names are
+        ``"scheduler"``, ``"host0"``, ...). A machine whose shape has a delay or loss is built on
+        a user-space delay line where the kernel has no ``netem``; only such a machine can be given
+        a delay later with :meth:`set_shape` there.
+    delay_line : bool, optional
+        As :class:`~pathdask.netns.network.Network`'s: ``True`` builds every link on a delay line.
     tls : bool
         Run Dask's comms (and so pathdask's host transport) over TLS, with temporary
         certificates written for the ``dask`` commands' ``--tls-*`` options.
@@ -85,90 +82,69 @@ class NetnsSystem(System):
         Seconds to wait for the scheduler and every host to come up.
     """
 
-    def __init__(self, topology: Topology, *, shape: Shape | None = None, tls: bool = False,
-                 env: dict[str, str] | None = None, timeout: float = 90.0) -> None:
+    def __init__(self, topology: Topology, *, shape: Shape | None = None, shapes: dict[str, Shape] | None = None,
+                 delay_line: bool | None = None, tls: bool = False, env: dict[str, str] | None = None,
+                 timeout: float = 90.0) -> None:
         super().__init__(topology)
         self.shape = shape or Shape()
+        self.shapes = dict(shapes or {})
+        self.delay_line = delay_line
         self.tls = tls
         self.env = dict(env or {})
         self.timeout = timeout
-        self.suffix = secrets.token_hex(3)
-        self.bridge = f"pdbr{self.suffix}"
+        self.net: Network | None = None
         self.workdir = Path(tempfile.mkdtemp(prefix="pathdask-netns-"))
-        self.subnet = -1
-        self.namespaces: list[str] = []
-        self.veths: list[str] = []
-        self.machines: dict[str, tuple[str, str, str]] = {}  # name -> (namespace, switch-side veth, ip)
         self.procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
         self.address = ""
         self.cut: set[str] = set()
 
     # -- the network ---------------------------------------------------------------
-    def ip(self, n: int) -> str:
-        return f"198.18.{self.subnet}.{n}"
-
     def _network(self) -> None:
-        reason = links.unavailable()
-        if reason:
-            raise LinkError(reason)
-        links.require(self.shape)
-        self.subnet = _free_subnet()
-        links.run("ip", "link", "add", self.bridge, "type", "bridge")
-        self.veths.append(self.bridge)
-        links.run("ip", "addr", "add", f"{self.ip(1)}/24", "dev", self.bridge)
-        links.run("ip", "link", "set", self.bridge, "up")
-        self._machine("scheduler", 2)
-        for host in range(self.topology.num_hosts):
-            self._machine(f"host{host}", 10 + host)
+        names = ["scheduler", *(f"host{h}" for h in range(self.topology.num_hosts))]
+        unknown = set(self.shapes) - set(names)
+        if unknown:
+            raise KeyError(f"shapes for no machine: {sorted(unknown)}; the machines are {names}")
+        self.net = Network(delay_line=self.delay_line)
+        for name, n in zip(names, [2, *range(10, 10 + self.topology.num_hosts)], strict=True):
+            self.net.add(name, n, self.shapes.get(name, self.shape))
 
-    def _machine(self, name: str, n: int) -> None:
-        ns, peer = f"pathdask-{self.suffix}-{name}", f"pd{self.suffix}{n}"
-        links.run("ip", "netns", "add", ns)
-        self.namespaces.append(ns)
-        links.run("ip", "link", "add", peer, "type", "veth", "peer", "name", f"{peer}x")
-        self.veths.append(peer)
-        links.run("ip", "link", "set", f"{peer}x", "netns", ns)
-        links.run("ip", "-n", ns, "link", "set", f"{peer}x", "name", "eth0")
-        links.run("ip", "-n", ns, "addr", "add", f"{self.ip(n)}/24", "dev", "eth0")
-        links.run("ip", "-n", ns, "link", "set", "eth0", "up")
-        links.run("ip", "-n", ns, "link", "set", "lo", "up")
-        links.run("ip", "link", "set", peer, "master", self.bridge)
-        links.run("ip", "link", "set", peer, "up")
-        self.machines[name] = (ns, peer, self.ip(n))
-        self.set_shape(name, self.shape)
+    @property
+    def network(self) -> Network:
+        if self.net is None:
+            raise RuntimeError("the system's network is not up: start() it first")
+        return self.net
+
+    @property
+    def suffix(self) -> str:
+        return self.network.suffix
+
+    def ip_of(self, name: str) -> str:
+        return self.network.machine(name).ip
 
     def set_shape(self, name: str, shape: Shape) -> None:
-        """Shape machine ``name``'s link (``"scheduler"``, ``"host0"``, ...) in both directions."""
-        ns, peer, _ = self.machines[name]
-        links.shape("eth0", shape, netns=ns)
-        links.shape(peer, shape, netem=False)
+        """Shape machine ``name``'s link (``"scheduler"``, ``"host0"``, ...): its rate both ways, its
+        delay and loss on what it sends (a veth needs ``netem`` for those)."""
+        self.network.set_shape(name, shape)
 
     def _machine_of(self, host: int | str) -> str:
         name = host if isinstance(host, str) else f"host{host}"
-        if name not in self.machines:
-            raise KeyError(f"no machine {name!r}; the machines are {sorted(self.machines)}")
-        return name
+        return self.network.machine(name).name
 
     def partition(self, host: int | str) -> None:
         """Machine ``host``'s link drops every packet, both ways, silently (no FIN, no RST)."""
         name = self._machine_of(host)
-        ns, peer, _ = self.machines[name]
-        links.cut("eth0", netns=ns)
-        links.cut(peer)
+        self.network.partition(name)
         self.cut.add(name)
 
     def heal(self, host: int | str) -> None:
         """Machine ``host``'s link carries packets again, shaped as before."""
         name = self._machine_of(host)
-        self.set_shape(name, self.shape)
+        self.network.heal(name)
         self.cut.discard(name)
 
     def link_bytes(self, host: int | str) -> dict[str, int]:
         """Bytes the kernel counted on machine ``host``'s link: ``recv`` (into it) and ``sent``."""
-        _, peer, _ = self.machines[self._machine_of(host)]
-        stats = Path("/sys/class/net") / peer / "statistics"
-        # the switch-side veth sends what the machine receives
-        return {"recv": int((stats / "tx_bytes").read_text()), "sent": int((stats / "rx_bytes").read_text())}
+        return self.network.link_bytes(self._machine_of(host))
 
     # -- the processes ---------------------------------------------------------------
     def start(self) -> Self:
@@ -203,7 +179,7 @@ class NetnsSystem(System):
         topo = self.workdir / "topology.yaml"
         topo.write_text(yaml.safe_dump({"topology": self.topology.to_dict()}))
         sched_file = self.workdir / "scheduler.json"
-        ip = self.machines["scheduler"][2]
+        ip = self.ip_of("scheduler")
         self._spawn("scheduler", dask_command("scheduler") + [
             "--protocol", protocol, "--host", ip, "--port", str(SCHEDULER_PORT),
             "--scheduler-file", str(sched_file), "--no-dashboard", "--dashboard-address", f"{ip}:0",
@@ -222,7 +198,7 @@ class NetnsSystem(System):
         name = f"host{host}"
         self.procs = [p for p in self.procs if p[0] != name or p[1].poll() is None]
         self._spawn(name, dask_command("worker") + [
-            self.address, "--host", self.machines[name][2], "--nthreads", str(self.topology.devices_per_host),
+            self.address, "--host", self.ip_of(name), "--nthreads", str(self.topology.devices_per_host),
             "--nworkers", "1", "--no-dashboard", "--name", name,
             "--local-directory", str(self.workdir / name), "--death-timeout", "60",
             *self._tls_args("worker"),
@@ -234,7 +210,7 @@ class NetnsSystem(System):
         env = {**os.environ, "DASK_LOGGING__PATHDASK": "info", **self.env}
         env.pop("DASK_SCHEDULER_ADDRESS", None)
         # `ip netns exec` execs the command: the handle is the dask process itself
-        proc = subprocess.Popen(["ip", "netns", "exec", self.machines[name][0], *argv], stdout=log,
+        proc = subprocess.Popen(["ip", "netns", "exec", self.network.machine(name).namespace, *argv], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
         self.procs.append((name, proc, log))
@@ -293,11 +269,6 @@ class NetnsSystem(System):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _teardown_network(self) -> None:
-        """Delete what this system made, each step on its own: one failure does not stop the rest."""
-        for ns in self.namespaces:  # takes each namespace's eth0, and so its veth pair, with it
-            links.run("ip", "netns", "del", ns, check=False)
-        for dev in self.veths:
-            if Path("/sys/class/net", dev).exists():
-                links.run("ip", "link", "del", dev, check=False)
-        self.namespaces.clear()
-        self.veths.clear()
+        """Stop the delay lines, delete the namespaces, links and bridge (see :meth:`Network.close`)."""
+        if self.net is not None:
+            self.net.close()

@@ -9,8 +9,9 @@ namespace, its peer on the switch. A link is shaped on both ends' egress:
 - ``delay`` and ``loss``: ``netem`` on the machine's ``eth0`` (one-way latency
   ``delay`` from the machine to any other; a round trip between two shaped
   machines takes ``2 * delay``), where the kernel has ``sch_netem``. Without
-  it, a link that needs a delay or loss raises :class:`LinkError`: the
-  harness never fakes a delay;
+  it, the network (``network.py``) builds such a machine's link on a
+  user-space delay line instead of a veth pair (``delaylink.py``), with the
+  same meaning; here, a veth link that needs a delay raises :class:`LinkError`;
 - a partition drops every packet in both directions, with no FIN or RST: a
   ``tbf`` whose bucket is smaller than any packet (or ``netem loss 100%``).
 """
@@ -82,13 +83,13 @@ def kernel_has_netem() -> bool:
         run("ip", "link", "del", probe, check=False)
 
 
-def require(shape: Shape) -> None:
-    """Raise :class:`LinkError` if this kernel cannot give a link ``shape``."""
+def require(shape: Shape, hint: str = "") -> None:
+    """Raise :class:`LinkError` if this kernel cannot give a veth link ``shape`` (``hint`` ends it)."""
     if shape.needs_netem and not kernel_has_netem():
         raise LinkError(
-            f"a link with delay {shape.delay * 1e3:g} ms and loss {shape.loss:.0%} needs tc netem, which "
-            "this kernel lacks (no sch_netem: `tc qdisc add ... netem` says 'Specified qdisc kind is "
-            "unknown'); here only rates (tbf) and partitions can be set")
+            f"a veth link with delay {shape.delay * 1e3:g} ms and loss {shape.loss:.0%} needs tc netem, "
+            "which this kernel lacks (no sch_netem: `tc qdisc add ... netem` says 'Specified qdisc kind "
+            "is unknown'); on a veth only rates (tbf) and partitions can be set." + hint)
 
 
 def _rate(bits: float) -> str:
