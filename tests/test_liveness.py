@@ -9,9 +9,9 @@ over a real network partition is in ``test_netns.py``.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -21,6 +21,7 @@ from pathdask import P
 from pathdask.deploy import CliSystem
 
 from .conftest import SMALL
+from .silence import wait_out
 
 TIMEOUT = 6.0
 
@@ -54,28 +55,12 @@ def test_a_hung_host_is_lost_within_the_timeout_and_rejoins(monkeypatch):
         pid = client.dask.run(os.getpid, workers=[victim])[victim]
         os.kill(pid, signal.SIGSTOP)  # a worker this test started: hung, its sockets open
         try:
-            start = time.monotonic()
-            waiter = ThreadPoolExecutor(1)
-            doomed = waiter.submit(step(x0).result, timeout=TIMEOUT + 30)
-            # the other island runs on meanwhile, each call far faster than the timeout
-            slowest, y, silent = 0.0, x1, None
-            while not doomed.done():
-                t = time.monotonic()
-                y = step(y)
-                y.result(timeout=TIMEOUT)
-                slowest = max(slowest, time.monotonic() - t)
-                if time.monotonic() - start > 3.0 and silent is None:
-                    diagnosis = system.diagnose()  # asked while the doomed program waits
-                    silent = diagnosis.silent
-                    assert f"silent host {victim}" in str(diagnosis)
-                assert time.monotonic() - start < TIMEOUT + 10, "the silent host was never declared lost"
-            took = time.monotonic() - start
-            with pytest.raises(pw.DeviceLostError, match=r"silent for \d+\.\ds, past pathdask.host-timeout"):
-                doomed.result()
-            waiter.shutdown()
-            assert took < TIMEOUT + 3, took
-            assert slowest < 1.0, slowest
-            assert silent is not None and victim in silent and silent[victim]["island"] == 0, silent
+            out = wait_out(system, step, x0, x1, victim, TIMEOUT)
+            assert isinstance(out.error, pw.DeviceLostError), out.error
+            assert re.search(r"silent for \d+\.\ds, past pathdask.host-timeout", str(out.error)), out.error
+            assert out.took < TIMEOUT + 3, out.took
+            assert out.slowest < 1.0, out.slowest
+            assert out.silent is not None and victim in out.silent and out.silent[victim]["island"] == 0, out.silent
             # the nanny restarts the hung worker; the new one takes the free host again
             until(lambda: len(system.devices()) == SMALL.num_devices, 90, "the host's rejoin")
             again = client.mesh({"x": 4}, island=0)

@@ -32,18 +32,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import shutil
-import subprocess
 import tempfile
-import time
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import Self
 
 import yaml
 from distributed import Security
 
-from ..deploy import dask_command, stop_processes
+from ..deploy import ProcessGroup, dask_command
 from ..protocol import WaitHosts
 from ..systems import System
 from ..topology import Topology
@@ -94,7 +91,7 @@ class NetnsSystem(System):
         self.timeout = timeout
         self.net: Network | None = None
         self.workdir = Path(tempfile.mkdtemp(prefix="pathdask-netns-"))
-        self.procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
+        self.processes = ProcessGroup(self.workdir, timeout, self.env)
         self.address = ""
         self.cut: set[str] = set()
 
@@ -186,17 +183,16 @@ class NetnsSystem(System):
             *self._tls_args("scheduler"),
             "--preload", "pathdask.preload", "--pathdask-topology", str(topo),
         ])
-        self.address = self._wait(lambda: json.loads(sched_file.read_text())["address"], "the scheduler")
+        self.address = self.processes.wait(lambda: json.loads(sched_file.read_text())["address"], "the scheduler")
         for host in range(self.topology.num_hosts):
             self.start_host(host)
         self._connect_admin(self.address)
         n = self.topology.num_hosts
-        self._wait(lambda: self._admin_call(WaitHosts(n, "1s")), f"{n} pathdask hosts")
+        self.processes.wait(lambda: self._admin_call(WaitHosts(n, "1s")), f"{n} pathdask hosts")
 
     def start_host(self, host: int) -> None:
         """Start host ``host``'s ``dask worker`` in its namespace (again, after it stopped)."""
         name = f"host{host}"
-        self.procs = [p for p in self.procs if p[0] != name or p[1].poll() is None]
         self._spawn(name, dask_command("worker") + [
             self.address, "--host", self.ip_of(name), "--nthreads", str(self.topology.devices_per_host),
             "--nworkers", "1", "--no-dashboard", "--name", name,
@@ -206,34 +202,12 @@ class NetnsSystem(System):
         ])
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed in close()
-        env = {**os.environ, "DASK_LOGGING__PATHDASK": "info", **self.env}
-        env.pop("DASK_SCHEDULER_ADDRESS", None)
         # `ip netns exec` execs the command: the handle is the dask process itself
-        proc = subprocess.Popen(["ip", "netns", "exec", self.network.machine(name).namespace, *argv], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
-        self.procs.append((name, proc, log))
-
-    def _wait(self, probe: Any, what: str) -> Any:
-        """Call ``probe`` until it answers, checking that every process lives; bounded."""
-        deadline = time.monotonic() + self.timeout
-        while True:
-            for name, proc, _ in self.procs:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"`{name}` exited with {proc.returncode} while waiting for "
-                                       f"{what}; its log ends:\n{self.log(name)}")
-            try:
-                return probe()
-            except (OSError, ValueError, KeyError, TimeoutError):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{what} did not come up in {self.timeout:g}s; logs:\n"
-                                       f"{self.logs()}") from None
-                time.sleep(0.05)
+        self.processes.spawn(name, ["ip", "netns", "exec", self.network.machine(name).namespace, *argv])
 
     def pid(self, name: str) -> int:
         """The process id of ``name``'s ``dask`` command (its nanny, for a host)."""
-        return next(p.pid for n, p, _ in self.procs if n == name and p.poll() is None)
+        return self.processes.pid(name)
 
     @property
     def client_address(self) -> str:
@@ -244,15 +218,10 @@ class NetnsSystem(System):
         return self.address
 
     def log(self, name: str, lines: int = 30) -> str:
-        try:
-            text = (self.workdir / f"{name}.log").read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return self.processes.log(name, lines)
 
     def logs(self, lines: int = 20) -> str:
-        return "\n".join(f"--- {name} ---\n{self.log(name, lines)}" for name in dict.fromkeys(
-            n for n, _, _ in self.procs))
+        return self.processes.logs(lines)
 
     # -- the end -----------------------------------------------------------------------
     def _stop(self) -> None:
@@ -260,11 +229,8 @@ class NetnsSystem(System):
             with contextlib.suppress(LinkError):
                 self.heal(name)
         try:
-            stop_processes([(n, p) for n, p, _ in self.procs])
+            self.processes.stop()
         finally:
-            for _, _, log in self.procs:
-                log.close()
-            self.procs.clear()
             self._teardown_network()
             shutil.rmtree(self.workdir, ignore_errors=True)
 
