@@ -1,9 +1,12 @@
 """A host writes the shards it holds to a checkpoint (``client.suspend``), straight to storage.
 
-The client creates the zarr group and its arrays (metadata only); each host
-then writes its own shards as chunks, all hosts at once. No shard passes
-through the client or the scheduler. Reading back is a
-:class:`~pathdask.ops.LoadOp`, run by the device that will hold the block.
+The client creates a new checkpoint directory with its zarr group and arrays
+(metadata only); each host then writes its own shards as chunks, all hosts at
+once, from a thread of its own (its devices run on meanwhile), and answers each
+chunk's checksum, which the client puts in the commit record
+(``checkpoint_format.py``). No shard passes through the client or the
+scheduler. Reading back is a :class:`~pathdask.ops.LoadOp`, run by the device
+that will hold the block.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from distributed.core import error_message
+
+from ..checkpoint_format import checksum, open_for_write
 
 if TYPE_CHECKING:
     from .host import Host
@@ -24,8 +29,9 @@ Write = tuple[str, str, int, int, tuple[slice, ...]]
 async def save(rt: Host, path: str, writes: list[Write]) -> dict[str, Any]:
     """The ``pathdask_save`` handler: write each listed shard once it is computed.
 
-    Returns ``{"bytes": n}``, or ``{"error": ...}`` (a failed program or a storage error)
-    for the client to raise.
+    Returns ``{"bytes": n, "checksums": [...]}`` (one per write, in order); or
+    ``{"error": ...}``, the error that ended a shard's program, for the client to
+    raise; or ``{"write_error": ...}``, the storage's error (a full disk, no permission).
     """
     try:
         blocks = []
@@ -34,17 +40,26 @@ async def save(rt: Host, path: str, writes: list[Write]) -> dict[str, Any]:
             if cause is not None:
                 raise cause
             blocks.append((name, index, await rt.store.wait_value((pid, vid), dev)))
-        return {"bytes": await asyncio.to_thread(_write, path, blocks)}
     except Exception as e:
         return {"error": error_message(e)}
+    try:
+        nbytes, sums = await asyncio.to_thread(_write, path, blocks)
+    except Exception as e:
+        return {"write_error": error_message(e)}
+    return {"bytes": nbytes, "checksums": sums}
 
 
-def _write(path: str, blocks: list[tuple[str, tuple[slice, ...], np.ndarray]]) -> int:
-    import zarr
-
+def _write(path: str, blocks: list[tuple[str, tuple[slice, ...], np.ndarray]]) -> tuple[int, list[int]]:
     arrays: dict[str, Any] = {}
+    sums = []
     for name, index, block in blocks:
         if name not in arrays:
-            arrays[name] = zarr.open_array(store=f"{path}/{name}", mode="r+")
-        arrays[name][index] = block
-    return sum(b.nbytes for _, _, b in blocks)
+            arrays[name] = open_for_write(path, name)
+        sums.append(_store(arrays[name], index, block))
+    return sum(b.nbytes for _, _, b in blocks), sums
+
+
+def _store(array: Any, index: tuple[slice, ...], block: np.ndarray) -> int:
+    """Write one chunk; its checksum."""
+    array[index] = block
+    return checksum(block)
