@@ -101,6 +101,25 @@ def test_a_full_disk_on_a_host_leaves_the_previous_checkpoint_whole(client, tmp_
     np.testing.assert_array_equal(got["b"], np.full(6, -1.0))
 
 
+def test_a_full_disk_when_the_commit_record_is_written_commits_nothing(client, tmp_path, monkeypatch):
+    from pathdask.client import checkpoint
+
+    path = tmp_path / "state.zarr"
+    mesh = client.mesh({"d": 4})
+    client.suspend(path, put_pair(client, mesh, 1.0))
+    before = os.readlink(path)
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+    monkeypatch.setattr(checkpoint, "commit", full)
+    with pytest.raises(pw.CheckpointWriteError, match="failed at its commit step.*still holds the previous") as e:
+        client.suspend(path, put_pair(client, mesh, 2.0))
+    assert e.value.errno == errno.ENOSPC
+    assert os.readlink(path) == before and siblings(path) == [before]
+    np.testing.assert_array_equal(resumed(client, path)["w"], np.full((8, 4), 1.0))
+
+
 def test_a_full_disk_on_a_real_filesystem(client, tmp_path):
     """A 1 MiB tmpfs: the second, larger checkpoint does not fit; the first stays readable."""
     disk = tmp_path / "disk"

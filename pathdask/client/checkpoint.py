@@ -270,10 +270,15 @@ async def _storage(path: str, step: str, work: Any) -> None:
     try:
         await work
     except OSError as e:
-        raise CheckpointWriteError(
-            e.errno, f"The checkpoint to {path!r} failed at its {step} step ({type(e).__name__}: {e}); nothing "
-            f"was committed and {_remains(path)}. Free space or fix the permissions, then checkpoint again"
-        ) from e
+        raise _write_error(e, f"The checkpoint to {path!r} failed at its {step} step ({type(e).__name__}: {e}); "
+                           f"nothing was committed and {_remains(path)}. Free space or fix the permissions, then "
+                           "checkpoint again") from e
+
+
+def _write_error(cause: BaseException, message: str) -> CheckpointWriteError:
+    """A :class:`CheckpointWriteError` with the ``errno`` of its cause, where it has one."""
+    errno = getattr(cause, "errno", None)
+    return CheckpointWriteError(errno, message) if errno is not None else CheckpointWriteError(message)
 
 
 def _raise_failure(path: str, directory: str, addr: str, reply: Any) -> None:
@@ -288,11 +293,9 @@ def _raise_failure(path: str, directory: str, addr: str, reply: Any) -> None:
         try:
             raise_reply_error(reply["write_error"])
         except Exception as e:
-            raise CheckpointWriteError(
-                getattr(e, "errno", None),
-                f"Host {addr} could not write its shards into {directory!r} ({type(e).__name__}: {e}); "
-                f"nothing was committed and {_remains(path)}. Free space or fix the permissions, then "
-                "checkpoint again") from e
+            raise _write_error(e, f"Host {addr} could not write its shards into {directory!r} "
+                                  f"({type(e).__name__}: {e}); nothing was committed and {_remains(path)}. "
+                                  "Free space or fix the permissions, then checkpoint again") from e
 
 
 def suspend(client: ArrayClient, path: str | os.PathLike[str], arrays: Mapping[str, ShardedArray],
