@@ -6,8 +6,8 @@ reads it without pathdask). A suspend writes a new sibling directory, never the
 one the link names:
 
 1. the client creates the group and its arrays' metadata (:func:`create`);
-2. each host writes the shards it holds, one chunk per distinct shard, and
-   answers the CRC-32 of each chunk's stored bytes (:func:`checksum`);
+2. each host writes the shards it holds, one chunk file per distinct shard
+   (:func:`write_chunk`), and answers the CRC-32 of each chunk's stored bytes;
 3. the client writes the commit record, the group attribute ``pathdask``: the
    arrays' meshes and specs, and per array every chunk's key and checksum
    (:func:`commit`);
@@ -44,7 +44,7 @@ import numpy as np
 from .errors import CheckpointCorruptError, CheckpointError, CheckpointIncompleteError
 
 __all__ = ["FORMAT", "ArrayLayout", "checksum", "chunk_coords", "chunk_key", "clean", "commit", "create", "new_directory",
-           "normalize", "open_committed", "open_for_write", "overlapping", "read_block", "check_target"]
+           "normalize", "open_committed", "overlapping", "read_block", "check_target", "write_chunk"]
 
 #: the version of the commit record this module writes and reads
 FORMAT = 2
@@ -110,22 +110,32 @@ def create(directory: str, arrays: Mapping[str, ArrayLayout]) -> None:
     group = zarr.open_group(directory, mode="w-")
     for name, a in arrays.items():
         group.create_array(name, shape=a.shape, dtype=a.dtype, chunks=a.chunks, compressors=None,
+                           serializer={"name": "bytes", "configuration": {"endian": "little"}},
                            fill_value=0, dimension_names=a.dims,
                            chunk_key_encoding={"name": "default", "separator": "/"})
 
 
-def open_for_write(directory: str, name: str) -> Any:
-    """Array ``name`` of the group at ``directory``, for a host to write chunks into: every chunk
-    is written, even one equal to the fill value, so that a missing one means a lost write."""
-    import zarr
+def write_chunk(directory: str, name: str, key: str, block: np.ndarray) -> int:
+    """Write ``block`` as chunk ``key`` of array ``name`` in ``directory``, as zarr stores it
+    (uncompressed bytes, C order, little-endian: the arrays :func:`create` makes), in one
+    write that lets go of the GIL; its checksum. Every chunk is written, even one equal to
+    the fill value, so that a missing one means a lost write."""
+    data = _stored(block)
+    path = os.path.join(directory, name, *key.split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+    return zlib.crc32(data)
 
-    return zarr.open_array(store=f"{directory}/{name}", mode="r+").with_config({"write_empty_chunks": True})
+
+def _stored(block: np.ndarray) -> memoryview:
+    """The block's bytes as its chunk file holds them."""
+    return np.ascontiguousarray(block, dtype=block.dtype.newbyteorder("<")).reshape(-1).view(np.uint8).data
 
 
 def checksum(block: np.ndarray) -> int:
     """CRC-32 of the block's bytes as zarr stores them: C order, little-endian (the chunk file's bytes)."""
-    stored = np.ascontiguousarray(block, dtype=block.dtype.newbyteorder("<"))
-    return zlib.crc32(stored.reshape(-1).view(np.uint8).data)
+    return zlib.crc32(_stored(block))
 
 
 def chunk_key(coords: Coords) -> str:

@@ -25,10 +25,10 @@ def gate(monkeypatch):
     opened, entered = threading.Event(), threading.Event()
     store = storage._store
 
-    def gated(array, index, block):
+    def gated(*chunk):
         entered.set()
         assert opened.wait(30), "the test never opened the gate"
-        return store(array, index, block)
+        return store(*chunk)
 
     monkeypatch.setattr(storage, "_store", gated)
     opened.entered = entered

@@ -40,14 +40,14 @@ class Gate:
         self.writes, lock = 0, threading.Lock()
         store = storage._store
 
-        def gated(array, index, block):
+        def gated(*chunk):
             self.entered.set()
             assert self.opened.wait(30), "the test never opened the gate"
             with lock:
                 if fail_after is not None and self.writes >= fail_after:
                     raise OSError(errno.ENOSPC, "No space left on device (injected)")
                 self.writes += 1
-            return store(array, index, block)
+            return store(*chunk)
 
         monkeypatch.setattr(storage, "_store", gated)
 

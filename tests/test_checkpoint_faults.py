@@ -65,11 +65,11 @@ def test_a_host_killed_at_random_moments_of_a_checkpoint(tmp_path):
 
         store, done = storage._store, [0]
 
-        def store_or_die(array, index, block):
+        def store_or_die(*chunk):
             if done[0] == k:
                 os.kill(os.getpid(), signal.SIGKILL)
             done[0] += 1
-            return store(array, index, block)
+            return store(*chunk)
 
         storage._store = store_or_die
 

@@ -174,16 +174,14 @@ class _Plan:
     layout: dict[str, ArrayLayout]
     record: dict[str, dict[str, Any]]
     meshes: list[dict[str, int]]
-    writes: dict[str, list[tuple[str, str, int, int, tuple[slice, ...]]]]
-    #: per host, per write: (array name, chunk key), for the checksums its host answers
-    keys: dict[str, list[tuple[str, str]]]
+    #: per host: (array name, program, value id, device, chunk key) of each shard it writes
+    writes: dict[str, list[tuple[str, str, int, int, str]]]
 
 
 def _plan(arrays: Mapping[str, ShardedArray]) -> _Plan:
     meshes: list[Mesh] = []
     layout, record = {}, {}
-    writes: dict[str, list[tuple[str, str, int, int, tuple[slice, ...]]]] = {}
-    keys: dict[str, list[tuple[str, str]]] = {}
+    writes: dict[str, list[tuple[str, str, int, int, str]]] = {}
     for name, a in arrays.items():
         if a.mesh not in meshes:
             meshes.append(a.mesh)
@@ -194,9 +192,8 @@ def _plan(arrays: Mapping[str, ShardedArray]) -> _Plan:
             continue  # no chunks
         for addr, items in a.ref.shards().items():
             for p, buf in items:
-                writes.setdefault(addr, []).append((name, *buf, a.sharding.index(p)))
-                keys.setdefault(addr, []).append((name, chunk_key(a.sharding.block_index(p))))
-    return _Plan(layout, record, [dict(m.shape) for m in meshes], writes, keys)
+                writes.setdefault(addr, []).append((name, *buf, chunk_key(a.sharding.block_index(p))))
+    return _Plan(layout, record, [dict(m.shape) for m in meshes], writes)
 
 
 def checkpoint(client: ArrayClient, path: str | os.PathLike[str],
@@ -243,7 +240,7 @@ async def _write(client: ArrayClient, path: str, plan: _Plan, held: list[Sharded
         for addr, reply in zip(plan.writes, replies):
             _raise_failure(path, directory, addr, reply)
             assert isinstance(reply, dict), reply
-            for (name, key), crc in zip(plan.keys[addr], reply["checksums"]):
+            for (name, *_, key), crc in zip(plan.writes[addr], reply["checksums"]):
                 sums[name][key] = crc
         record = {"arrays": {name: {**info, "chunks": sums[name]} for name, info in plan.record.items()},
                   "meshes": plan.meshes}

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from distributed.core import error_message
 
-from ..checkpoint_format import checksum, open_for_write
+from ..checkpoint_format import write_chunk
 
 if TYPE_CHECKING:
     from .host import Host
 
-#: (array name, program, value id, device, region of the global array)
-Write = tuple[str, str, int, int, tuple[slice, ...]]
+#: (array name, program, value id, device, chunk key)
+Write = tuple[str, str, int, int, str]
 
 
 async def save(rt: Host, path: str, writes: list[Write]) -> dict[str, Any]:
@@ -35,11 +35,11 @@ async def save(rt: Host, path: str, writes: list[Write]) -> dict[str, Any]:
     """
     try:
         blocks = []
-        for name, pid, vid, dev, index in writes:
+        for name, pid, vid, dev, key in writes:
             cause = rt.ledger.dropped(pid)
             if cause is not None:
                 raise cause
-            blocks.append((name, index, await rt.store.wait_value((pid, vid), dev)))
+            blocks.append((name, key, await rt.store.wait_value((pid, vid), dev)))
     except Exception as e:
         return {"error": error_message(e)}
     try:
@@ -49,17 +49,11 @@ async def save(rt: Host, path: str, writes: list[Write]) -> dict[str, Any]:
     return {"bytes": nbytes, "checksums": sums}
 
 
-def _write(path: str, blocks: list[tuple[str, tuple[slice, ...], np.ndarray]]) -> tuple[int, list[int]]:
-    arrays: dict[str, Any] = {}
-    sums = []
-    for name, index, block in blocks:
-        if name not in arrays:
-            arrays[name] = open_for_write(path, name)
-        sums.append(_store(arrays[name], index, block))
+def _write(path: str, blocks: list[tuple[str, str, np.ndarray]]) -> tuple[int, list[int]]:
+    sums = [_store(path, name, key, block) for name, key, block in blocks]
     return sum(b.nbytes for _, _, b in blocks), sums
 
 
-def _store(array: Any, index: tuple[slice, ...], block: np.ndarray) -> int:
+def _store(path: str, name: str, key: str, block: np.ndarray) -> int:
     """Write one chunk; its checksum."""
-    array[index] = block
-    return checksum(block)
+    return write_chunk(path, name, key, block)
