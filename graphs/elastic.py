@@ -1,14 +1,16 @@
 """Elastic training: the MLP of ``mlp.py`` loses a host mid-run and carries on.
 
 Every ``checkpoint_every`` steps the weights are written to a zarr checkpoint
-(``client.suspend(..., release=False)``: each host writes its own shards).
-When a step fails with :class:`~pathdask.errors.DeviceLostError`, the loop:
+with ``client.checkpoint``: each host writes its own shards while the loop
+trains on, and the checkpoint counts once committed (the loop settles the
+previous one before asking for the next). When a step fails with
+:class:`~pathdask.errors.DeviceLostError`, the loop:
 
 1. asks which devices are gone (``client.lost_devices()``);
 2. asks for a new mesh of the same shape among the live devices (another
    island, or the lost host's devices if a new worker took its place), or else
    of a smaller shape (the ``data`` axis halved);
-3. restores the weights from the last checkpoint onto it
+3. restores the weights from the last committed checkpoint onto it
    (``client.resume(path, mesh=...)``), puts the data there again, and repeats
    the steps since that checkpoint.
 
@@ -77,6 +79,22 @@ def train(client: pw.Client, steps: int, checkpoint: str | Path, *, checkpoint_e
     client.suspend(path, {"w1": w1, "w2": w2}, release=False)
     saved, losses, recoveries = 0, [], []
     lost_at: float | None = None
+    writing: tuple[int, pw.CheckpointFuture] | None = None  # (its step, the checkpoint in flight)
+
+    def settle() -> int:
+        """The step of the last committed checkpoint, once the one in flight ended: committed,
+        or failed (a host lost mid-write), which leaves the one before at ``path``."""
+        nonlocal writing
+        if writing is not None:
+            at, future = writing
+            writing = None
+            try:
+                future.result()
+                return at
+            except pw.DeviceLostError:
+                pass
+        return saved
+
     while len(losses) < steps:
         done = len(losses)
         try:
@@ -90,12 +108,13 @@ def train(client: pw.Client, steps: int, checkpoint: str | Path, *, checkpoint_e
             if event:
                 event("step", done + 1, losses[-1])
             if (done + 1) % checkpoint_every == 0:
-                client.suspend(path, {"w1": w1, "w2": w2}, release=False)
-                saved = done + 1
+                saved = settle()
+                writing = (done + 1, client.checkpoint(path, {"w1": w1, "w2": w2}))
         except pw.DeviceLostError as e:
             lost_at = lost_at or time.perf_counter()
             if event:
                 event("lost", done, e)
+            saved = settle()
             lost = client.lost_devices()
             mesh = remesh(client, shape)
             restored = client.resume(path, mesh=mesh)
@@ -106,6 +125,7 @@ def train(client: pw.Client, steps: int, checkpoint: str | Path, *, checkpoint_e
                                "resumed_from_step": saved})
             if event:
                 event("recovered", saved, recoveries[-1])
+    settle()
     ref_losses, _, _ = mlp.reference_train(prob["x"], prob["y"], prob["w1"], prob["w2"], steps, lr)
     return {"losses": np.array(losses), "reference": ref_losses, "recoveries": recoveries,
             "final_rel_diff": abs(losses[-1] - ref_losses[-1]) / abs(ref_losses[-1]),

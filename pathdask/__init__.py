@@ -8,6 +8,7 @@ from __future__ import annotations
 from . import config as _config  # noqa: F401  (registers the pathdask.* config defaults)
 from . import pipeline  # pathdask.pipeline: GPipe and 1F1B over stage meshes
 from .client.array import ShardedArray
+from .client.checkpoint import CheckpointFuture
 from .client.client import Client, connect
 from .client.function import Function, function
 from .client.program import ProgramFunction, program
@@ -26,7 +27,10 @@ from .collectives import (
 from .dashboard import trace as _trace  # noqa: F401  (registers the Dataset accessor .pathdask)
 from .errors import (
     ArrayLostError,
+    CheckpointCorruptError,
     CheckpointError,
+    CheckpointIncompleteError,
+    CheckpointWriteError,
     ClientClosedError,
     DeviceLostError,
     DeviceOutOfMemoryError,
@@ -52,7 +56,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArrayLostError",
+    "CheckpointCorruptError",
     "CheckpointError",
+    "CheckpointFuture",
+    "CheckpointIncompleteError",
+    "CheckpointWriteError",
     "Client",
     "ClientClosedError",
     "DeviceLostError",

@@ -219,7 +219,8 @@ def bench_datapath(small: bool, out: str, processes: bool) -> None:
 @click.option("--out", default="bench-results", show_default=True, help="Folder for JSON.")
 @click.option("--folder", default=None, help="Where the checkpoints are written (default: a temporary folder).")
 def bench_checkpoint(small: bool, out: str, folder: str | None) -> None:
-    """Suspend and resume bandwidth (zarr, shard by shard) beside numpy.save and numpy.load."""
+    """Suspend and resume bandwidth (zarr, shard by shard) beside numpy.save and numpy.load;
+    how long a training loop is blocked by an asynchronous checkpoint and by a suspend."""
     from .bench.checkpoint import Config, run
 
     run(Config.small() if small else Config(), out=out, echo=click.echo, folder=folder)

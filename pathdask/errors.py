@@ -9,7 +9,10 @@ from __future__ import annotations
 
 __all__ = [
     "ArrayLostError",
+    "CheckpointCorruptError",
     "CheckpointError",
+    "CheckpointIncompleteError",
+    "CheckpointWriteError",
     "ClientClosedError",
     "DeviceLostError",
     "DeviceOutOfMemoryError",
@@ -86,7 +89,22 @@ class ClientClosedError(RuntimeError):
 
 
 class CheckpointError(ValueError):
-    """A path given to ``resume`` holds no pathdask checkpoint, or one this version cannot read."""
+    """A path given to ``resume`` holds no pathdask checkpoint, or one this version cannot read;
+    or a path given to ``suspend`` holds something else, which it will not overwrite."""
+
+
+class CheckpointIncompleteError(CheckpointError):
+    """A checkpoint was never committed (no commit record: what an interrupted suspend leaves),
+    or lacks chunks its commit record lists; the message names what is missing."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A chunk of a committed checkpoint does not match the checksum its commit record holds."""
+
+
+class CheckpointWriteError(OSError):
+    """A host or the client could not write a checkpoint (a full disk, no permission): nothing
+    was committed, and what the path held before is unchanged."""
 
 
 class UnfusedGraphError(RuntimeError):

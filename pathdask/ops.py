@@ -145,19 +145,28 @@ class PutOp:
 @dataclass(frozen=True)
 class LoadOp:
     """Read a block from a checkpoint (``client.resume``): region ``index`` of the zarr
-    array ``name`` in the group at ``path``, read by the host that will hold it."""
+    array ``name`` in the checkpoint directory ``path``, read by the host that will hold it.
+
+    Each chunk the region touches is checked against its checksum from the commit
+    record (``checksums``: chunk coordinates and CRC-32, ``checkpoint_format.py``);
+    a mismatch fails the load with :class:`~pathdask.errors.CheckpointCorruptError`.
+    """
 
     gang: int
     output: OutSpec
     path: str
     name: str
     index: tuple[slice, ...]
+    #: the array's global shape and chunk shape, which may differ from this block's
+    shape: tuple[int, ...] = ()
+    chunks: tuple[int, ...] = ()
+    checksums: tuple[tuple[tuple[int, ...], int], ...] = ()
 
     def take(self) -> np.ndarray:
-        import zarr
+        from .checkpoint_format import read_block
 
-        block = np.asarray(zarr.open_array(store=f"{self.path}/{self.name}", mode="r")[self.index])
-        return block.reshape(self.output.shape)  # a 0-d array reads back as a NumPy scalar
+        block = read_block(self.path, self.name, self.index, self.shape, self.chunks, dict(self.checksums))
+        return block.reshape(self.output.shape)
 
 
 Op = Union[KernelOp, ReshardOp, PutOp, LoadOp]

@@ -487,7 +487,8 @@ class Status(Message):
 
 @message(CLIENT, HOST, RPC)
 class Save(Message):
-    """Write the listed shards to the checkpoint at ``path`` once computed."""
+    """Write the listed shards, once computed, as chunks of the checkpoint directory ``path``
+    (not committed yet); answer the CRC-32 of each, in order (``worker/storage.py``)."""
 
     path: str
     writes: Any

@@ -136,14 +136,22 @@ def test_bench_datapath_small(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_checkpoint_small(tmp_path):
+def test_bench_checkpoint_small(tmp_path, capsys):
     from pathdask.bench import checkpoint
 
-    result = checkpoint.run(checkpoint.Config.small(), out=str(tmp_path), echo=lambda s: None,
-                            folder=str(tmp_path))
+    result = checkpoint.run(checkpoint.Config.small(), out=str(tmp_path), echo=print, folder=str(tmp_path))
+    printed = capsys.readouterr().out
+    assert "blocked s" in printed and "checkpoint (async)" in printed and "suspend (sync)" in printed
     data = json.loads((tmp_path / "checkpoint.json").read_text())
     assert all(v > 0 for v in data["gb_per_s"].values())
-    assert set(result["ratios"]) == {"suspend_over_numpy_save", "resume_over_numpy_load"}
+    assert set(result["ratios"]) == {"suspend_over_numpy_save", "resume_over_numpy_load",
+                                     "checkpoint_blocked_over_suspend_blocked",
+                                     "round_with_checkpoint_over_round_with_suspend",
+                                     "round_with_checkpoint_over_round_without"}
+    loop = data["training_loop_s"]
+    assert set(loop) == {"no checkpoint", "suspend (sync)", "checkpoint (async)"}
+    assert loop["no checkpoint"]["blocked"] < loop["checkpoint (async)"]["blocked"] < loop["suspend (sync)"]["blocked"]
+    assert data["checkpoint_committed_after_s"] > loop["checkpoint (async)"]["blocked"]
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"]  # the checkpoints are gone
 
 

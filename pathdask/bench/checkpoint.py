@@ -1,11 +1,21 @@
-"""``pathdask bench checkpoint``: suspend and resume bandwidth beside ``numpy.save`` and ``numpy.load``.
+"""``pathdask bench checkpoint``: suspend and resume bandwidth beside ``numpy.save`` and ``numpy.load``,
+and how long a training loop is blocked by an asynchronous checkpoint beside a synchronous suspend.
 
 On one island of 2 hosts x 4 devices (one worker process per host), a float64
 state sharded over the 8 devices is suspended to a zarr checkpoint (each host
 writes its own shards) and resumed (each device reads its block), in GB/s of
 the state's bytes. Beside it, in the same run and the same folder, the same
 bytes are written with ``numpy.save`` and read with ``numpy.load`` by one
-process. Writes ``checkpoint.json``.
+process.
+
+Then a training loop: each round checkpoints the state, then runs ``steps``
+steps that update it (``x = x * 0.5 + 1``, real arithmetic on every device),
+waiting for the last. Once with no checkpoint, once with ``client.suspend(...,
+release=False)`` (the loop waits for the commit), once with
+``client.checkpoint`` (the loop goes on while the hosts write). For each it
+reports how long the call blocked the loop and how long the round took; the
+asynchronous checkpoint's commit is waited for after the round, and its values
+are checked to be the state as it was when asked for. Writes ``checkpoint.json``.
 """
 
 from __future__ import annotations
@@ -32,10 +42,12 @@ MiB = 2**20
 class Config:
     mib: int = 1024
     repeats: int = 2
+    #: training steps per round of the loop
+    steps: int = 3
 
     @classmethod
     def small(cls) -> Config:
-        return cls(mib=16, repeats=1)
+        return cls(mib=16, repeats=1, steps=2)
 
 
 def _best(step: Callable[[], Any], repeats: int) -> float:
@@ -66,8 +78,7 @@ def run(cfg: Config, out: str = "bench-results", echo: Callable[[str], Any] = pr
             x = client.put(data, mesh, P("d"))
             x.result()
 
-            def suspend() -> None:
-                shutil.rmtree(work / "state.zarr", ignore_errors=True)
+            def suspend() -> None:  # over the last one: which it then removes
                 client.suspend(work / "state.zarr", {"x": x}, release=False)
 
             t_suspend = _best(suspend, cfg.repeats)
@@ -80,19 +91,65 @@ def run(cfg: Config, out: str = "bench-results", echo: Callable[[str], Any] = pr
             t_resume = _best(resume, cfg.repeats)
             if not np.array_equal(client.resume(work / "state.zarr")["x"].result(), data):
                 raise AssertionError("resume gave back different bytes")
+            loop, written = _training_loop(client, x, data, work, cfg)
             client.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rates = {"suspend (zarr, by the hosts)": nbytes / t_suspend / 1e9, "numpy.save": nbytes / t_save / 1e9,
              "resume (zarr, by the devices)": nbytes / t_resume / 1e9, "numpy.load": nbytes / t_load / 1e9}
     echo(table(["path", "GB/s"], [[k, v] for k, v in rates.items()]))
+    echo(table([f"training loop: checkpoint, then {cfg.steps} steps", "blocked s", "round s"],
+               [[k, v["blocked"], v["round"]] for k, v in loop.items()]))
+    echo(f"the asynchronous checkpoint was committed {written:.3f} s after it was asked for")
     ratios = {"suspend_over_numpy_save": rates["suspend (zarr, by the hosts)"] / rates["numpy.save"],
-              "resume_over_numpy_load": rates["resume (zarr, by the devices)"] / rates["numpy.load"]}
-    echo("; ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
-    result = {"config": cfg.__dict__, "gb_per_s": rates, "ratios": ratios}
+              "resume_over_numpy_load": rates["resume (zarr, by the devices)"] / rates["numpy.load"],
+              "checkpoint_blocked_over_suspend_blocked": loop["checkpoint (async)"]["blocked"]
+              / loop["suspend (sync)"]["blocked"],
+              "round_with_checkpoint_over_round_with_suspend": loop["checkpoint (async)"]["round"]
+              / loop["suspend (sync)"]["round"],
+              "round_with_checkpoint_over_round_without": loop["checkpoint (async)"]["round"]
+              / loop["no checkpoint"]["round"]}
+    echo("; ".join(f"{k} {v:.3g}" for k, v in ratios.items()))
+    result = {"config": cfg.__dict__, "gb_per_s": rates, "training_loop_s": loop,
+              "checkpoint_committed_after_s": written, "ratios": ratios}
     write_json(f"{out}/checkpoint.json", result)
     echo(f"wrote {out}/checkpoint.json")
     return result
+
+
+def _training_loop(client: Any, x: Any, data: np.ndarray, work: Path,
+                   cfg: Config) -> tuple[dict[str, dict[str, float]], float]:
+    """Seconds a round blocks in its checkpoint call and takes in all, per way of checkpointing
+    (best of ``cfg.repeats``); and when the asynchronous checkpoint was committed, from its call."""
+    from .. import function
+
+    update = function(lambda b: b * 0.5 + 1.0, in_specs=P("d"), out_specs=P("d"), name="train-step")
+    best: dict[str, dict[str, float]] = {}
+    written = np.inf
+    for _ in range(cfg.repeats):
+        for way in ("no checkpoint", "suspend (sync)", "checkpoint (async)"):
+            state = x
+            start = time.perf_counter()
+            pending = None
+            if way == "suspend (sync)":
+                client.suspend(work / "loop.zarr", {"x": state}, release=False)
+            elif way == "checkpoint (async)":
+                pending = client.checkpoint(work / "loop.zarr", {"x": state})
+            blocked = time.perf_counter() - start
+            for _ in range(cfg.steps):
+                state = update(state)
+            _wait(state)
+            times = {"blocked": blocked, "round": time.perf_counter() - start}
+            if pending is not None:
+                pending.result()
+                written = min(written, time.perf_counter() - start)
+            del state
+            if way not in best or times["round"] < best[way]["round"]:
+                best[way] = times
+    check = client.resume(work / "loop.zarr")["x"]
+    if not np.array_equal(check.result(), data):
+        raise AssertionError("the asynchronous checkpoint did not hold the state as it was when asked for")
+    return best, float(written)
 
 
 def _wait(y: Any) -> None:

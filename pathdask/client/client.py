@@ -3,8 +3,8 @@
 It asks the scheduler for meshes, puts arrays and runs programs on them. What
 it hands over: the call path to its :class:`~.dispatcher.Dispatcher`, questions
 to the hosts (results, status) to :class:`~.hosts.Hosts`, observation to an
-:class:`~.observe.Observer`, checkpoints to ``checkpoint.py`` and recovery to
-``elastic.py``.
+:class:`~.observe.Observer`, checkpoints to ``checkpoint.py`` (and
+``interruption.py``) and recovery to ``elastic.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..protocol import AllocateMesh, RegisterClient, ask
 from ..sharding import Sharding
 from ..spec import PartitionSpec
 from ..topology import DeviceId, DeviceInfo, Topology
-from . import checkpoint, elastic
+from . import checkpoint, elastic, interruption
 from .array import ShardedArray
 from .dispatcher import Dispatcher, Outputs
 from .hosts import Hosts
@@ -84,6 +84,7 @@ class Client(Observed):
         self._observe = Observer(self.dask)
         self._hosts = Hosts(self.dask, info, self._observe)
         self._dispatcher = Dispatcher(self.dask, self.id, self._hosts, self._lock)
+        self._checkpoints = checkpoint.Checkpoints()
 
     @property
     def _observer(self) -> Observer:
@@ -184,14 +185,40 @@ class Client(Observed):
         return self._place(sharding, data.dtype, put_op, meta)
 
     # -- checkpoints ----------------------------------------------------------------
+    def checkpoint(self, path: str | os.PathLike[str], arrays: Mapping[str, ShardedArray]) -> checkpoint.CheckpointFuture:
+        """Start writing ``arrays`` (name -> array) to a zarr checkpoint at ``path``; returns at once.
+
+        The devices run on while the hosts write, each the shards it holds, from a thread
+        of its own; the arrays' buffers stay alive until written, even if they are deleted
+        meanwhile (as Orbax's async save does). The checkpoint is committed in one atomic
+        step once every shard is written: until then ``path`` holds what it held before,
+        whole, whatever stops the write (a lost host, a killed client, a full disk).
+        Checkpoints to one path are written in the order asked for.
+
+        Returns a :class:`~pathdask.client.checkpoint.CheckpointFuture`: ``result()`` gives
+        the names once committed, or raises what stopped it (the arrays' own error,
+        :class:`~pathdask.errors.DeviceLostError`, :class:`~pathdask.errors.CheckpointWriteError`).
+        :meth:`close` waits for the checkpoints in flight.
+
+        Examples
+        --------
+        >>> saved = client.checkpoint("state.zarr", {"w": w})      # doctest: +SKIP
+        >>> w = step(w)                                            # doctest: +SKIP
+        >>> saved.result()                                         # doctest: +SKIP
+        ['w']
+        """
+        return checkpoint.checkpoint(self, path, arrays)
+
     def suspend(self, path: str | os.PathLike[str], arrays: Mapping[str, ShardedArray], *,
                 release: bool = True) -> list[str]:
         """Write ``arrays`` (name -> array) to a zarr checkpoint at ``path``, and free their devices.
 
-        It waits for the programs that compute them. Each host writes the shards it
-        holds, all at once; nothing passes through this process or the scheduler. The
-        checkpoint is plain zarr: ``xarray.open_zarr(path)`` reads it without pathdask.
-        ``release=False`` keeps the arrays on their devices (a checkpoint, not a suspend).
+        It waits for the programs that compute them, and for the commit (:meth:`checkpoint`,
+        waited for). Each host writes the shards it holds, all at once; nothing passes
+        through this process or the scheduler. The checkpoint is plain zarr:
+        ``xarray.open_zarr(path)`` reads it without pathdask. ``release=False`` keeps the
+        arrays on their devices. ``path`` is a link to the directory of the last committed
+        checkpoint (``<path>.pathdask-<token>``, beside it), swapped in one step.
 
         Examples
         --------
@@ -208,6 +235,11 @@ class Client(Observed):
         another island (``island``) or another system, as long as they fit. Or every
         array goes onto ``mesh`` (say, a smaller one after a host was lost), whose axes
         must include those the arrays' specs name. Each device reads its own block.
+
+        It raises :class:`~pathdask.errors.CheckpointIncompleteError` for a checkpoint that
+        was never committed or lacks chunks (naming them); a chunk whose checksum differs
+        from its commit record fails its array with
+        :class:`~pathdask.errors.CheckpointCorruptError` (raised by ``result()``).
         """
         return checkpoint.resume(self, path, island, mesh)
 
@@ -222,12 +254,12 @@ class Client(Observed):
         return elastic.recover(self, arrays, mesh)
 
     def suspend_on_interruption(self, path: str | os.PathLike[str],
-                                state: Mapping[str, ShardedArray] | Callable[[], Mapping[str, ShardedArray]]) -> checkpoint.Interruption:
+                                state: Mapping[str, ShardedArray] | Callable[[], Mapping[str, ShardedArray]]) -> interruption.Interruption:
         """When a host this client uses leaves on purpose (``retire_workers``, SIGTERM to
         ``dask worker``), suspend ``state`` (a mapping, or a callable returning one) to
         ``path`` before the host goes; it waits up to ``pathdask.suspend-timeout``.
 
-        Returns an :class:`~pathdask.client.checkpoint.Interruption`: ``.wait()`` for a
+        Returns an :class:`~pathdask.client.interruption.Interruption`: ``.wait()`` for a
         suspend, ``.records`` for what was written; :meth:`resume` reads it back.
 
         Examples
@@ -235,7 +267,7 @@ class Client(Observed):
         >>> state = {"w1": w1, "w2": w2}                           # doctest: +SKIP
         >>> guard = client.suspend_on_interruption("state.zarr", lambda: state)  # doctest: +SKIP
         """
-        return checkpoint.suspend_on_interruption(self, path, state)
+        return interruption.suspend_on_interruption(self, path, state)
 
     def _place(self, sharding: Sharding, dtype: np.dtype, op_for: Callable[[int, OutSpec], Any],
                meta: dict[str, Any] | None = None) -> ShardedArray:
@@ -293,6 +325,7 @@ class Client(Observed):
         """Close this client: its slices are released and its pending programs dropped."""
         if self._closed:
             return
+        self._checkpoints.wait()  # their arrays' buffers are to be written first
         self._closed = True
         self._dispatcher.close()
         self._hosts.close()

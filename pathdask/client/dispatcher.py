@@ -20,6 +20,7 @@ import itertools
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import dask
@@ -37,7 +38,27 @@ from .lowering import build_sequential_graph
 from .protocols import Sharded
 from .tracing import Program
 
-__all__ = ["Dispatcher"]
+__all__ = ["Dispatcher", "hold_reads", "unread"]
+
+
+def hold_reads(lock: threading.Lock, arrays: Sequence[Sharded]) -> None:
+    """Something (a call, a checkpoint) will read ``arrays``: they outlive a ``delete()`` until
+    :func:`unread`. ``lock`` is their client's."""
+    with lock:
+        for a in arrays:
+            a._readers += 1
+
+
+def unread(lock: threading.Lock, arrays: Sequence[Sharded]) -> None:
+    """What read ``arrays`` is done with them: a deleted array that nothing reads goes now."""
+    release = []
+    with lock:
+        for a in arrays:
+            a._readers -= 1
+            if a._deleted and a._readers == 0:
+                release.append(a)
+    for a in release:
+        a._release()
 
 #: plan ids a client remembers per host as sent; hosts keep twice as many (worker/plans.py)
 PLANS_REMEMBERED = PLANS_PER_CLIENT // 2
@@ -141,14 +162,7 @@ class Dispatcher:
 
     def _unread(self, arrays: list[Sharded]) -> None:
         """Calls that read ``arrays`` are on their way: a deleted array that no call reads goes now."""
-        release = []
-        with self.lock:
-            for a in arrays:
-                a._readers -= 1
-                if a._deleted and a._readers == 0:
-                    release.append(a)
-        for a in release:
-            a._release()
+        unread(self.lock, arrays)
 
     def _hold(self, pid: str, futures: list[Any], keepalive: tuple[Sharded, ...]) -> None:
         """Keep a graph's futures and inputs alive until every host has registered it.
