@@ -96,6 +96,9 @@ def test_arrays_of_a_closed_client(system):
         x.result()
     with pytest.raises(pw.ClientClosedError, match="is closed; open a new one"):
         c.put(np.ones(2), x.mesh, P("d"))
+    # a fetch still waiting when its Dask client closed asks the scheduler no more
+    with pytest.raises(pw.ClientClosedError, match="closed while waiting for hosts"):
+        c._hosts.hosts_gone([x.mesh.devices[0].address])
     assert_clean(system)
 
 

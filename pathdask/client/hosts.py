@@ -20,7 +20,7 @@ import numpy as np
 from dask.utils import parse_timedelta
 from distributed import Client as DaskClient
 
-from ..errors import DeviceLostError
+from ..errors import ClientClosedError, DeviceLostError
 from ..gather import OutputRef, gather
 from ..protocol import Fetch, HostsGone, Message, Status, TransportOf, WaitHostGone, ask
 from .fetch import HOST_CHECK_AFTER, HostSockets, Unreachable
@@ -105,12 +105,21 @@ class Hosts:
 
     def hosts_gone(self, hosts: list[str]) -> list[str]:
         """Which of ``hosts`` have left the cluster."""
-        return list(self.dask.sync(ask, self.dask.scheduler, HostsGone(hosts)))
+        return list(self.dask.sync(ask, self._scheduler(f"waiting for hosts {hosts}"), HostsGone(hosts)))
 
     def transport_of(self, host: str) -> str | None:
         """Where host ``host``'s socket transport listens now; ``None`` if it has left."""
-        found = self.dask.sync(ask, self.dask.scheduler, TransportOf(host))
+        found = self.dask.sync(ask, self._scheduler(f"looking up host {host}"), TransportOf(host))
         return None if found is None else str(found)
+
+    def _scheduler(self, doing: str) -> Any:
+        """The Dask client's scheduler RPC; ``ClientClosedError`` once that client closed (a fetch
+        still waiting then asks no more)."""
+        scheduler = self.dask.scheduler
+        if scheduler is None:
+            raise ClientClosedError(f"the client closed while {doing}; its arrays and meshes are gone. "
+                                    "Keep the client open until its results are read")
+        return scheduler
 
     def close(self) -> None:
         if self._sockets is not None:
