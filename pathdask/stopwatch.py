@@ -31,7 +31,7 @@ import time
 from collections import deque
 from typing import Any
 
-__all__ = ["STATIONS", "enable", "disable", "mark", "marks"]
+__all__ = ["STATIONS", "enable", "disable", "recording", "mark", "marks"]
 
 STATIONS = ("call", "sent", "asked", "taken", "forwarded", "ordered", "dispatched", "run", "ran",
             "served", "result")
@@ -52,6 +52,12 @@ def disable() -> None:
     """Stop recording marks in this process and forget them."""
     global _marks
     _marks = None
+
+
+def recording() -> bool:
+    """Whether marks are recorded in this process: a station that marks many programs at once
+    asks first, so that it does no work when the stopwatch is off."""
+    return _marks is not None
 
 
 def mark(station: str, pid: Any) -> None:

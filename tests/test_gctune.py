@@ -17,21 +17,23 @@ from .conftest import SMALL
 def test_tune_nests_and_restores():
     before = gc.get_threshold()
     with dask.config.set({"pathdask.gc-threshold": [40000, 15, 12]}):
-        gctune.tune()
-        gctune.tune()  # a second user (a host runtime in the scheduler's process)
+        first = gctune.tune()
+        second = gctune.tune()  # a second user (a host runtime in the scheduler's process)
         assert gc.get_threshold() == (40000, 15, 12)
-        gctune.restore()
+        second.release()
         assert gc.get_threshold() == (40000, 15, 12)  # one user left
-        gctune.restore()
+        second.release()  # released twice: it does not count the other user out
+        assert gc.get_threshold() == (40000, 15, 12)
+        first.release()
     assert gc.get_threshold() == before
-    gctune.restore()  # one too many: nothing to put back
+    first.release()  # one too many: nothing to put back
     assert gc.get_threshold() == before
 
 
 def test_null_leaves_the_interpreter_alone_and_bad_values_are_named():
     before = gc.get_threshold()
     with dask.config.set({"pathdask.gc-threshold": None}):
-        gctune.tune()
+        gctune.tune().release()
         assert gc.get_threshold() == before
     with dask.config.set({"pathdask.gc-threshold": [0, 10]}), pytest.raises(ValueError, match="three positive"):
         gctune.tune()

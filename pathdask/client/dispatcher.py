@@ -31,7 +31,7 @@ from distributed.protocol import to_serialize
 from ..compat import client_send, new_futures
 from ..ops import PLANS_PER_CLIENT, HostPlan
 from ..protocol import Calls, Plans, encode
-from ..stopwatch import mark
+from ..stopwatch import mark, recording
 from .calls import build_call
 from .hosts import Hosts
 from .lowering import build_sequential_graph
@@ -129,9 +129,8 @@ class Dispatcher:
         """
         mark("call", call["pid"])
         futures = new_futures(self.dask, keys)
+        hold_reads(self.lock, reads)  # before the flush can take the call and unread them
         with self.lock:
-            for a in reads:
-                a._readers += 1
             self._waiting_calls.append((call, reads))
             first = len(self._waiting_calls) == 1
         if first:
@@ -155,14 +154,11 @@ class Dispatcher:
             return
         try:
             client_send(self.dask, encode(Calls([call for call, _ in waiting])))
-            for call, _ in waiting:
-                mark("sent", call["pid"])
+            if recording():
+                for call, _ in waiting:
+                    mark("sent", call["pid"])
         finally:  # sent, or never to be: either way no host will count these reads later
-            self._unread([a for _, reads in waiting for a in reads])
-
-    def _unread(self, arrays: list[Sharded]) -> None:
-        """Calls that read ``arrays`` are on their way: a deleted array that no call reads goes now."""
-        unread(self.lock, arrays)
+            unread(self.lock, [a for _, reads in waiting for a in reads])
 
     def _hold(self, pid: str, futures: list[Any], keepalive: tuple[Sharded, ...]) -> None:
         """Keep a graph's futures and inputs alive until every host has registered it.
@@ -171,10 +167,9 @@ class Dispatcher:
         dispatch task may be cancelled half-way across hosts.
         """
         entry: list[Any] = [len(futures), futures, keepalive]
+        hold_reads(self.lock, keepalive)
         with self.lock:
             self._inflight[pid] = entry
-            for a in keepalive:
-                a._readers += 1
 
         def done(_: Any) -> None:
             with self.lock:
@@ -183,7 +178,7 @@ class Dispatcher:
                 if last:
                     self._inflight.pop(pid, None)
             if last:
-                self._unread(list(keepalive))
+                unread(self.lock, keepalive)
 
         for f in futures:
             f.add_done_callback(done)

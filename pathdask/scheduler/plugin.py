@@ -67,7 +67,7 @@ from ..protocol import (
     serve,
     stream_handler,
 )
-from ..stopwatch import mark
+from ..stopwatch import mark, recording
 from ..topology import Topology
 from ..worker.peers import TOKEN_BYTES
 from ..worker.runtime import HostRuntime
@@ -116,8 +116,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         make_policy(self.policy)  # an unknown name fails here, where the system is configured
 
     async def start(self, scheduler: Scheduler, **kwargs: Any) -> None:
-        gctune.tune()  # put back in before_close
-        self._gc_tuned = True
+        self.gc_tuning = gctune.tune()  # released in before_close
         self.scheduler = scheduler
         self.core = SchedulerCore(self.policy, ordering=self.ordering)
         self.meter = CallMeter()
@@ -174,9 +173,8 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         self.liveness.start()
 
     async def before_close(self, **kwargs: Any) -> None:
-        if getattr(self, "_gc_tuned", False):
-            self._gc_tuned = False
-            gctune.restore()
+        if hasattr(self, "gc_tuning"):
+            self.gc_tuning.release()
         if hasattr(self, "activity"):
             self.activity.stop()
         if hasattr(self, "liveness"):
@@ -295,8 +293,9 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         for addr, calls in batch.items():
             self.tell(addr, Dispatch(client, calls))
         self.meter.lap("forward", start)
-        for pid in {entry[0] for calls in batch.values() for entry in calls}:
-            mark("forwarded", pid)
+        if recording():
+            for pid in {entry[0] for calls in batch.values() for entry in calls}:
+                mark("forwarded", pid)
         batch.clear()
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:

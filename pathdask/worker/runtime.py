@@ -99,7 +99,7 @@ from ..protocol import (
     serve,
     stream_handler,
 )
-from ..stopwatch import mark
+from ..stopwatch import mark, recording
 from ..streams import pace
 from ..topology import DeviceInfo, Topology
 from .answers import HostAnswers
@@ -224,14 +224,12 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
             t.start()
         self.watch = StallWatch(self, parse_timedelta(dask.config.get("pathdask.stall-warning")))
         self.watch.start()
-        gctune.tune()
-        self._gc_tuned = True
+        self.gc_tuning = gctune.tune()  # released in teardown
         logger.info("pathdask host i%d h%d up with devices %s", self.island, self.host, list(self.devices))
 
     async def teardown(self, worker: Worker, **kwargs: Any) -> None:
-        if getattr(self, "_gc_tuned", False):
-            self._gc_tuned = False
-            gctune.restore()
+        if hasattr(self, "gc_tuning"):
+            self.gc_tuning.release()
         if not hasattr(self, "streams"):  # setup failed before the devices started
             if hasattr(self, "peers"):
                 await self.peers.close()
@@ -261,7 +259,7 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
     def on_record(self, msg: Message) -> None:
         """A record from the scheduler (its stream): the core's instructions are carried out."""
         self.apply(self.core.handle(msg))
-        if isinstance(msg, (Order, Dispatch)):
+        if recording() and isinstance(msg, (Order, Dispatch)):
             station = "ordered" if isinstance(msg, Order) else "dispatched"
             for entry in msg.programs if isinstance(msg, Order) else msg.calls:
                 mark(station, entry[0])
