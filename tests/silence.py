@@ -4,8 +4,21 @@ other island runs on, one call at a time."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
+
+
+def until(predicate: Callable[[], Any], timeout: float, what: str, explain: Callable[[], str] | None = None) -> Any:
+    """Poll ``predicate`` until it returns something true; bounded. ``explain`` adds to the
+    failure's message (a system's logs, say)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {timeout}s" + (f"\n{explain()}" if explain else ""))
 
 
 class WaitedOut(NamedTuple):

@@ -21,7 +21,7 @@ from pathdask import P
 from pathdask.deploy import CliSystem
 
 from .conftest import SMALL
-from .silence import wait_out
+from .silence import until, wait_out
 
 TIMEOUT = 6.0
 
@@ -29,17 +29,6 @@ TIMEOUT = 6.0
 @pw.function(in_specs=P("x"), out_specs=P("x"), cost=0.01)
 def step(b):
     return pw.pmean(b, "x") + 1.0
-
-
-def until(predicate, timeout: float, what: str):
-    """Poll ``predicate`` until it returns something true; bounded."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not happen within {timeout}s")
 
 
 @pytest.mark.slow
