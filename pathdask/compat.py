@@ -15,7 +15,7 @@ once with :class:`IncompatibleDaskError`, naming what is missing.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
@@ -189,6 +189,20 @@ def create_keys(scheduler: Scheduler, client: str, keys: Mapping[str, Iterable[A
             scheduler.add_replica(ts, ws)
             made.append(key)
     scheduler.client_desires_keys(keys=made, client=client)
+
+
+def on_client_releases_keys(scheduler: Scheduler, callback: Callable[[str, list[Any]], None]) -> None:
+    """Call ``callback(client, keys)`` after Dask handled a client's ``client-releases-keys``
+    stream message, including keys the scheduler no longer knows (an output key whose host
+    left was forgotten, but the client may still hold its future: its shards on the other
+    hosts live until the client lets go of it). Public replacement: none (no plugin hook
+    sees a client release a key the scheduler forgot)."""
+    handler = scheduler.stream_handlers["client-releases-keys"]
+
+    def released(**msg: Any) -> None:
+        handler(**msg)
+        callback(msg["client"], list(msg["keys"]))
+    scheduler.stream_handlers["client-releases-keys"] = released
 
 
 def release_keys(scheduler: Scheduler, client: str, keys: list[Any], stimulus_id: str) -> None:

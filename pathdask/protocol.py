@@ -26,6 +26,10 @@ One call's messages, from ``step(x)`` to its result::
     scheduler ──Order (STREAM)──▶ each host: the program's place in its devices' order
     host ◀─PEER xfer/chunk/abort─▶ host: pieces of collectives and moves
     host ──ProgramDone (STREAM)──▶ scheduler: its part ended (the next program may take a slot)
+
+    on more than ``pathdask.fanout.threshold`` hosts, Dispatch and Order go as one ``Fan`` each:
+    scheduler ──Fan (STREAM)──▶ first host ──Fan (PEER)──▶ its children ──▶ ...
+    ... ──SubtreeDone (PEER)──▶ parent ──▶ first host ──ProgramDone (STREAM)──▶ scheduler
     client ──Fetch (RPC or socket)──▶ hosts: the output blocks, once computed
 """
 
@@ -41,7 +45,7 @@ from typing import Any, ClassVar, NamedTuple, dataclass_transform
 from .errors import ProtocolError
 
 __all__ = [
-    "CLIENT", "SCHEDULER", "HOST", "STREAM", "RPC", "PEER", "EVENT", "STREAM_OP", "PROTOCOL_ERROR_TOPIC", "INTERRUPTION_TOPIC", "PEER_STREAM_OP", "PEER_KINDS", "PEER_OPS",
+    "CLIENT", "SCHEDULER", "HOST", "STREAM", "RPC", "PEER", "EVENT", "STREAM_OP", "PROTOCOL_ERROR_TOPIC", "INTERRUPTION_TOPIC", "PEER_STREAM_OP", "PEER_KINDS", "RECORD", "PEER_OPS",
     "Route", "Message", "encode", "decode", "fields_of", "ask", "serve", "stream_handler", "KINDS",
 ]
 
@@ -56,9 +60,10 @@ PROTOCOL_ERROR_TOPIC = "pathdask-protocol-error"
 INTERRUPTION_TOPIC = "pathdask-interruption"
 #: the Dask handler that takes a peer's one-way stream (``worker/peers.py``, Dask-comm transport)
 PEER_STREAM_OP = "pathdask_peer_stream"
-#: the kinds of peer messages: ``("xfer", pieces)``, ``("chunk", meta, nbytes)``, ``("abort", pid, gang, cause)``
-XFER, CHUNK, ABORT = "xfer", "chunk", "abort"
-PEER_KINDS = (XFER, CHUNK, ABORT)
+#: the kinds of peer messages: ``("xfer", pieces)``, ``("chunk", meta, nbytes)``, ``("abort", pid, gang, cause)``,
+#: ``("record", fields)`` (a control record between hosts, :func:`encode`-d: ``Fan``, ``SubtreeDone``)
+XFER, CHUNK, ABORT, RECORD = "xfer", "chunk", "abort", "record"
+PEER_KINDS = (XFER, CHUNK, ABORT, RECORD)
 #: on the Dask-comm transport, each peer kind is a stream op of the receiving worker
 PEER_OPS = {kind: f"pathdask-peer-{kind}" for kind in PEER_KINDS}
 
@@ -381,10 +386,12 @@ class HostLost(Message):
 
 @message(SCHEDULER, HOST, STREAM)
 class Order(Message):
-    """Programs ``(pid, client, devices)`` in slot order: each takes the next place in these
-    local devices' order; one dropped already ends here at once."""
+    """Programs ``(pid, client, devices, slot, prev)``: each takes the next place in these local
+    devices' order once the program slotted before it here (slot ``prev``; -1: none) has
+    taken its place, whatever order records arrive in (:mod:`~pathdask.core.fanout`); one
+    that arrives again is ignored; one dropped already ends here at once."""
 
-    programs: list[tuple[str, str, list[int]]]
+    programs: list[tuple[str, str, list[int], int, int]]
 
 
 @message(SCHEDULER, HOST, STREAM)
@@ -405,6 +412,39 @@ class DropPrograms(Message):
     reason: str
     host: str | None = None
     cause: Any = None
+
+
+@message(SCHEDULER, HOST, STREAM)
+class Fan(Message):
+    """Records for the hosts of a fan-out tree (:mod:`~pathdask.core.fanout`): ``hosts[0]`` is
+    the receiver and the rest its subtree. Forward each child's share first (on the peers'
+    channel), then take this host's part: of a ``call`` ``(client, pid, inputs, parts)``
+    (``parts[i]``: ``(plan id, output keys owned there)`` of ``hosts[i]``), an ``order``
+    ``(pid, client, slot, parts)`` (``parts[i]``: ``(devices, prev)``), or a ``release``
+    ``(id, outputs)``. A program ordered this way, or a release, is reported to ``parent``
+    (``None``: the scheduler, by ``ProgramDone`` or ``Released``) once it ended (or was
+    carried out) here and every child reported it (``SubtreeDone``)."""
+
+    hosts: list[str]
+    parent: str | None
+    degree: int
+    call: tuple[Any, ...] | None = None
+    order: tuple[Any, ...] | None = None
+    release: tuple[str, list[tuple[str, int]]] | None = None
+
+
+@message(HOST, HOST, PEER)
+class SubtreeDone(Message):
+    """Program (or release) ``pid`` ended on every host of the sender's subtree."""
+
+    pid: str
+
+
+@message(HOST, SCHEDULER, STREAM)
+class Released(Message):
+    """Release ``id`` (a fan-out tree's) was carried out on every host of its tree."""
+
+    id: str
 
 
 @message(SCHEDULER, HOST, STREAM)

@@ -18,6 +18,7 @@ and no buffer is leaked (every read declared is read or withdrawn, every owner r
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from pathdask.core import host as H
 from pathdask.core.island import FailKeys, Forward, Progress, SchedulerCore, Send, SendAll
 from pathdask.errors import DispatchError
 from pathdask.ops import GangSpec, HostPlan, KernelOp, OutSpec, Ref
-from pathdask.protocol import Dispatch, DispatchFailed, Message, ProgramDone
+from pathdask.protocol import Dispatch, DispatchFailed, Fan, Message, ProgramDone, Released
 from pathdask.topology import DeviceId, DeviceInfo
 
 HOSTS, PER_HOST = 3, 2
@@ -92,6 +93,8 @@ class World:
             if isinstance(ins, Send):
                 if ins.msg.kind == "order":
                     self.slotted.update(p for p, *_ in ins.msg.programs)
+                if isinstance(ins.msg, Fan) and ins.msg.order is not None:
+                    self.slotted.add(ins.msg.order[0])
                 self.send("scheduler", ins.host, ins.msg)
             elif isinstance(ins, SendAll):
                 for addr in self.scheduler.hosts - {ins.but}:
@@ -102,11 +105,14 @@ class World:
                 self.keys[ins.client] = [k for k in self.keys[ins.client] if k not in ins.keys]
             else:
                 assert isinstance(ins, Progress), ins
+        released = self.scheduler.released()  # as PathwaysScheduler.apply asks after each event
+        if released:
+            self._scheduler(released, batch)
 
-    def forget(self, keys: list[str]) -> None:
-        """Dask forgot these keys (released, or their client closed)."""
+    def forget(self, keys: list[str], owner_left: bool = False) -> None:
+        """Dask forgot these keys (released, their client closed, or their host left)."""
         for key in keys:
-            self.run_scheduler(self.scheduler.key_forgotten(key))
+            self.run_scheduler(self.scheduler.key_forgotten(key, owner_left))
 
     # -- the host adapter's part, as HostRuntime.apply does it -------------------------------
     def run_host(self, addr: str, out: list[Any]) -> None:
@@ -128,6 +134,8 @@ class World:
                 self.run_host(addr, self.hosts[addr].ended(ins.pid))
             elif isinstance(ins, H.Tell):
                 self.send(addr, "scheduler", ins.msg)
+            elif isinstance(ins, H.Relay):  # a fan-out tree's record, host to host
+                self.send(addr, ins.host, ins.msg)
             elif isinstance(ins, H.Register):  # the ledger learns it only after its counts
                 assert core_counts_declared(self.store, ins.prog), ins
                 self.run_host(addr, self.hosts[addr].register(ins.prog, ins.enqueue))
@@ -142,9 +150,12 @@ class World:
         for addr in prog.placement:  # plans go ahead of their call, and may go twice
             if addr not in self.lost and (prog.pid, addr) not in self.unplanned:
                 self.hosts[addr].add_plans(prog.client, [_plan(prog, addr)])
-        outs = {a: [(f"{prog.pid}-out-{a}", 0)] for a in prog.placement}
-        self.keys[prog.client] += [k for o in outs.values() for k, _ in o]
-        call = {"pid": prog.pid, "hosts": [(a, f"plan-{prog.pid}", outs[a]) for a in prog.placement],
+        owner = next(iter(prog.placement))  # one key per output, on its first host
+        key = f"{prog.pid}-out-{owner}"
+        self.keys[prog.client].append(key)
+        call = {"pid": prog.pid, "hosts": list(prog.placement),
+                "parts": [(f"plan-{prog.pid}", [(key, 0)] if a == owner else []) for a in prog.placement],
+                "outputs": [(key, 0, owner)],
                 "inputs": [[prog.dep, 1]] if prog.dep else [],
                 "program": {"pid": prog.pid, "hosts": prog.placement, "cost": 1.0}}
         self.send(prog.client, "scheduler", call)
@@ -161,7 +172,7 @@ class World:
             self.order[d].clear()
             self.running[d] = None
         self.channels = {c: q for c, q in self.channels.items() if addr not in c}
-        self.forget([k for ks in self.keys.values() for k in ks if k.endswith(f"-out-{addr}")])
+        self.forget([k for ks in self.keys.values() for k in ks if k.endswith(f"-out-{addr}")], owner_left=True)
         self.run_scheduler(self.scheduler.host_lost(addr, "test"))
 
     # -- delivery ----------------------------------------------------------------------------
@@ -171,15 +182,27 @@ class World:
         if dst == "scheduler":
             if src in CLIENTS and isinstance(msg, tuple):  # a release, after the calls before it
                 self.forget(list(msg))
+                self.run_scheduler(self.scheduler.keys_released(list(msg)))
             elif src in CLIENTS:
                 self._take_call(src, msg)
             elif isinstance(msg, ProgramDone):
                 self.run_scheduler(self.scheduler.program_done(src, msg.pid))
+            elif isinstance(msg, Released):
+                self.scheduler.released_on_tree(msg.id)
             else:
                 assert isinstance(msg, DispatchFailed), msg
                 self.run_scheduler(self.scheduler.dispatch_failed(src, msg.pid, msg.error, msg.cause))
             return
         core = self.hosts[dst]
+        if isinstance(msg, Fan) and msg.call is not None and (msg.call[1], dst) in self.failing:
+            pid, error = msg.call[1], DispatchError("injected")
+            core.calls = lambda *_: [*core.drop_program(pid, error),  # type: ignore[method-assign]
+                                     H.Tell(DispatchFailed(pid, "injected", error))]
+            try:
+                self.run_host(dst, core.fan(msg))
+            finally:
+                del core.calls
+            return
         if isinstance(msg, Dispatch):
             for entry in msg.calls:
                 if (entry[0], dst) in self.failing:  # this host's dispatch fails, as a bad plan would
@@ -254,6 +277,9 @@ def scenarios(draw: Any) -> dict[str, Any]:
         programs.append(Program(f"p{i}", client, placement, dep))
     return {
         "policy": draw(st.sampled_from(["fifo", "proportional"])),
+        # fan-out trees for programs on more than ``threshold`` hosts (8: never)
+        "threshold": draw(st.sampled_from([1, 2, 8])),
+        "degree": draw(st.sampled_from([1, 2])),
         "programs": programs,
         "failing": {(p.pid, a) for p in programs for a in p.placement if draw(st.integers(0, 9)) == 0},
         "unplanned": {(p.pid, a) for p in programs for a in p.placement if draw(st.integers(0, 14)) == 0},
@@ -263,10 +289,10 @@ def scenarios(draw: Any) -> dict[str, Any]:
     }
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=int(os.environ.get("PATHDASK_EXAMPLES", 300)), deadline=None, print_blob=True)
 @given(s=scenarios(), choices=st.randoms(use_true_random=False))
 def test_every_slotted_program_ends_on_every_host_in_one_order_leaking_nothing(s, choices):
-    world = World(SchedulerCore(s["policy"]),
+    world = World(SchedulerCore(s["policy"], degree=s["degree"], threshold=s["threshold"]),
                   {f"h{i}": H.HostCore(f"h{i}", World._devices(f"h{i}"), NoAborts()) for i in range(HOSTS)},
                   s["failing"], s["unplanned"])
     for addr in world.hosts:
@@ -313,7 +339,12 @@ def test_every_slotted_program_ends_on_every_host_in_one_order_leaking_nothing(s
         if addr not in world.lost:
             assert core.ledger.idle(), (addr, core.ledger.pids())
             assert not core.owned, (addr, core.owned)
+            assert not core.early_orders, (addr, core.early_orders)
+            assert not core.endings.waiting, (addr, core.endings.waiting)
     assert not world.scheduler.order.inflight and len(world.scheduler.order.policy) == 0
+    sched = world.scheduler
+    assert not (sched.readers or sched.deferred or sched.orphans or sched.output_owners
+                or sched.releasing or sched.chains), vars(sched)
     assert not any(world.order[d] for d in world.order) and not any(world.running.values())
     # one order: two devices that both ran two programs ran them in the same relative order
     rank = {d: {p: i for i, p in enumerate(seq)} for d, seq in world.popped.items()}
@@ -351,5 +382,5 @@ def test_a_program_dropped_before_its_slot_withdraws_every_read_it_declared():
     dropped = core.drop_client("a")
     withdrawn = sorted((i.key, i.device) for i in dropped if isinstance(i, H.Release) and i.consumers)
     assert withdrawn == declared
-    assert core.order([("p1", "a", [0, 1])]) == [H.Ended("p1")]  # its late order ends it at once
+    assert core.order([("p1", "a", [0, 1], 0, -1)]) == [H.Ended("p1")]  # its late order ends it at once
     assert core.ledger.idle()

@@ -8,7 +8,8 @@ only what changes from call to call:
 
 - the program id, and per host the id of the plan it runs there;
 - the argument keys (the buffers its inputs read);
-- per host, the new output keys it owns, one per program output held there;
+- the new output keys, one per program output, each on the first host holding
+  some of its shards and owning them on every host;
 - what the island scheduler needs to slot it (its devices, cost and producers).
 
 Calls made close together (before the client's event loop sends the first)
@@ -36,18 +37,18 @@ def build_call(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, in
     """The call (one entry of a ``protocol.Calls`` record's ``calls``), every key it creates,
     and the output keys per output and host.
 
-    Every plan must be cached on its host already (it has an id).
+    Every plan must be cached on its host already (it has an id). The call's hosts, each
+    host's part and the outputs travel as separate lists, so that the scheduler hands the
+    parts down a fan-out tree without looking into them.
     """
-    out_keys = _output_keys(pid, plans)
-    hosts = []
-    keys: list[Any] = []
+    out_keys = _output_keys(pid, plans, shared=True)
+    parts = []
     for addr, plan in plans.items():
         assert plan.id, "a call names plans its hosts hold"
-        outs = [(out_keys[j][addr], j) for j in plan.owned]
-        hosts.append((addr, plan.id, outs))
-        keys += [k for k, _ in outs]
+        parts.append((plan.id, [(out_keys[j][addr], j) for j in plan.owned if addr in out_keys[j]]))
+    outputs = [(key, j, addr) for j, hosts in out_keys.items() for addr, key in hosts.items()]
     # the slotting information without the outputs and producers: the scheduler reads those
-    # from ``hosts`` and ``inputs``, so that the message carries each key once
-    call = {"pid": pid, "hosts": hosts, "inputs": [list(i) for i in inputs],
-            "program": _annotation(pid, plans, {}, ())}
-    return call, keys, out_keys
+    # from ``outputs`` and ``inputs``, so that the message carries each key once
+    call = {"pid": pid, "hosts": list(plans), "parts": parts, "outputs": outputs,
+            "inputs": [list(i) for i in inputs], "program": _annotation(pid, plans, {}, ())}
+    return call, [k for k, _j, _a in outputs], out_keys

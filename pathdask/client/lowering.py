@@ -119,12 +119,15 @@ def _pinned(tasks: dict[Any, Task], addr: str, program: dict[str, Any] | None = 
     return MaterializedLayer(tasks, annotations=annotations)
 
 
-def _output_keys(pid: str, plans: dict[str, HostPlan]) -> dict[int, dict[str, Any]]:
-    """Per program output, per host holding some of its shards, the key that owns them there."""
+def _output_keys(pid: str, plans: dict[str, HostPlan], shared: bool = False) -> dict[int, dict[str, Any]]:
+    """Per program output, per host holding some of its shards, the key that owns them there;
+    ``shared``: one key per output, held by the first host holding some of its shards, that
+    owns them on every host (a call's: the scheduler's work does not grow with the hosts)."""
     out: dict[int, dict[str, Any]] = defaultdict(dict)
     for h, (addr, plan) in enumerate(plans.items()):
         for j in plan.owned:
-            out[j][addr] = output_key(pid, j, h)
+            if not (shared and out[j]):
+                out[j][addr] = output_key(pid, j, h)
     return out
 
 

@@ -34,19 +34,23 @@ from ..protocol import (
     DispatchFailed,
     DropClient,
     DropPrograms,
+    Fan,
     HostJoined,
     HostLost,
     Message,
     Order,
     ProgramDone,
+    Released,
     ReleaseOutputs,
+    SubtreeDone,
 )
 from .bounded import remember
+from .fanout import Endings, shares
 from .ledger import Aborts, HostProgram, Ledger
 from .plans import PlanCache
 
 __all__ = ["HostCore", "PutHandles", "Enqueue", "Wake", "Declare", "Release", "DropBuffers", "Ended",
-           "Tell", "MarkLost", "MarkJoined", "Register", "HandOverLater", "Raise", "Instruction"]
+           "Tell", "Relay", "MarkLost", "MarkJoined", "Register", "HandOverLater", "Raise", "Instruction"]
 
 
 # -- instructions -----------------------------------------------------------------------------
@@ -99,6 +103,12 @@ class Tell(NamedTuple):
     msg: Message
 
 
+class Relay(NamedTuple):
+    """Send a record to host ``host`` on the peers' channel (a fan-out tree's)."""
+    host: str
+    msg: Message
+
+
 class MarkLost(NamedTuple):
     """Send host ``host`` nothing more."""
     host: str
@@ -130,7 +140,7 @@ class Raise(NamedTuple):
     error: BaseException
 
 
-Instruction = (PutHandles | Enqueue | Wake | Declare | Release | DropBuffers | Ended | Tell | MarkLost
+Instruction = (PutHandles | Enqueue | Wake | Declare | Release | DropBuffers | Ended | Tell | Relay | MarkLost
                | MarkJoined | Register | HandOverLater | Raise)
 
 
@@ -167,14 +177,24 @@ class HostCore:
         self.released_early: OrderedDict[tuple[str, int], None] = OrderedDict()
         #: registrations held back by the test-only jitter: pid -> (program, enqueue)
         self._held: dict[str, tuple[HostProgram, bool]] = {}
+        #: the slot of the last program that took its place here (-1: none yet)
+        self.last_slot = -1
+        #: orders that came before the one slotted before them here: prev -> entry
+        self.early_orders: dict[int, tuple[str, str, list[int], int, int]] = {}
+        #: tree programs whose ending has not gone up yet
+        self.endings = Endings()
+        #: hosts the scheduler said left (a tree that holds one will not report up)
+        self.lost_hosts: set[str] = set()
         self._handlers: dict[type[Message], Any] = {
             Order: lambda m: self.order(m.programs),
+            Fan: self.fan,
+            SubtreeDone: lambda m: self._report(m.pid),
             Dispatch: lambda m: self.calls(m.client, m.calls),
             DropPrograms: lambda m: self.drop_programs(m.pids, m.reason, m.host, m.cause),
             DropClient: lambda m: self.drop_client(m.client),
             ReleaseOutputs: lambda m: self.release_outputs(m.outputs),
-            HostLost: lambda m: [MarkLost(m.host)],
-            HostJoined: lambda m: [MarkJoined(m.host, m.transport)],
+            HostLost: lambda m: self.host_lost(m.host),
+            HostJoined: self.host_joined,
         }
 
     def handle(self, msg: Message) -> list[Instruction]:
@@ -188,15 +208,84 @@ class HostCore:
         self.plans.add(client, plans)
         return len(plans)
 
-    def order(self, programs: list[tuple[str, str, list[int]]]) -> list[Instruction]:
-        """These programs, in slot order, take the next places in these devices' orders."""
+    def order(self, programs: list[tuple[str, str, list[int], int, int]]) -> list[Instruction]:
+        """These programs take the next places in these devices' orders, in slot order: each
+        once the program slotted before it here did (``prev``), whatever order they come in.
+        One that came before is ignored."""
         out: list[Instruction] = []
-        for pid, client, devices in programs:
-            if not self.ledger.slot(pid, client, devices):
-                out.append(Ended(pid))  # dropped before its slot came: nothing to run here
+        for entry in programs:
+            slot, prev = entry[3], entry[4]
+            if slot <= self.last_slot or prev in self.early_orders:
+                continue  # it came before (ordered again after a relay was lost)
+            if prev != self.last_slot:
+                self.early_orders[prev] = entry
                 continue
-            out += [Enqueue(d, pid) for d in devices]
+            out += self._slot(entry)
+            while self.last_slot in self.early_orders:
+                out += self._slot(self.early_orders.pop(self.last_slot))
         return out
+
+    def _slot(self, entry: tuple[str, str, list[int], int, int]) -> list[Instruction]:
+        pid, client, devices, slot, _prev = entry
+        self.last_slot = slot
+        if not self.ledger.slot(pid, client, devices):
+            return [Ended(pid)]  # dropped before its slot came: nothing to run here
+        return [Enqueue(d, pid) for d in devices]
+
+    def fan(self, msg: Fan) -> list[Instruction]:
+        """A fan-out tree's record: the children's shares go on first, then this host's part."""
+        hosts, parts_of = msg.hosts, lambda parts, a, b: parts[a:b] if parts is not None else None
+        call, order = msg.call, msg.order
+        out: list[Instruction] = []
+        children = 0
+        for a, b in shares(len(hosts), msg.degree):
+            children += 1
+            out.append(Relay(hosts[a], Fan(
+                hosts[a:b], self.address, msg.degree,
+                call=None if call is None else (*call[:3], parts_of(call[3], a, b)),
+                order=None if order is None else (*order[:3], parts_of(order[3], a, b)),
+                release=msg.release)))
+        if call is not None:
+            client, pid, inputs, parts = call
+            plan, outputs = parts[0]
+            out += self.calls(client, [(pid, plan, inputs, outputs)])
+        if order is not None:
+            pid, client, slot, parts = order
+            devices, prev = parts[0]
+            if slot > self.last_slot and prev not in self.early_orders and self._reports(hosts):
+                self.endings.start(pid, msg.parent, children, hosts)  # not ordered here already
+            out += self.order([(pid, client, devices, slot, prev)])
+        if msg.release is not None:
+            ack, outputs = msg.release
+            out += self.release_outputs(outputs)
+            if self._reports(hosts):
+                self.endings.start(ack, msg.parent, children, hosts, release=True)
+                out += self._report(ack)
+        return out
+
+    def _report(self, pid: str) -> list[Instruction]:
+        """One report of a tree program's ending (this host's own, or a child's subtree)."""
+        last, parent, release = self.endings.report(pid)
+        if not last:
+            return []
+        if parent is not None:
+            return [Relay(parent, SubtreeDone(pid))]
+        return [Tell(Released(pid) if release else ProgramDone(pid))]
+
+    def host_lost(self, host: str) -> list[Instruction]:
+        """Host ``host`` left: send it nothing more; tree programs whose subtree holds it will
+        not report (the scheduler ended them)."""
+        self.lost_hosts.add(host)
+        self.endings.forget_host(host)
+        return [MarkLost(host)]
+
+    def host_joined(self, msg: HostJoined) -> list[Instruction]:
+        self.lost_hosts.discard(msg.host)
+        return [MarkJoined(msg.host, msg.transport)]
+
+    def _reports(self, hosts: list[str]) -> bool:
+        """Whether a tree of ``hosts`` can report up (none of them is known to have left)."""
+        return not self.lost_hosts or self.lost_hosts.isdisjoint(hosts)
 
     def calls(self, client: str, calls: list[tuple[str, str, list[Any], list[tuple[Any, int]]]]
               ) -> list[Instruction]:
@@ -299,7 +388,10 @@ class HostCore:
         return [Ended(pid)] if self.ledger.device_done(pid, device) else []
 
     def ended(self, pid: str) -> list[Instruction]:
-        """``pid`` ended here (after ``Ended``): the scheduler learns it."""
+        """``pid`` ended here (after ``Ended``): the scheduler learns it, or (a tree program)
+        the parent does once every child reported it."""
+        if pid in self.endings:
+            return self._report(pid)
         return [Tell(ProgramDone(pid))]
 
     def release_outputs(self, outputs: list[tuple[str, int]]) -> list[Instruction]:

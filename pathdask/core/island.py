@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Container, Iterable
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from ..errors import DeviceLostError, DispatchError
 from ..ops import as_key
-from ..protocol import DropClient, DropPrograms, HostJoined, HostLost, Message, Order, ReleaseOutputs
+from ..protocol import DropClient, DropPrograms, Fan, HostJoined, HostLost, Message, Order, ReleaseOutputs
+from .fanout import DEFAULT_DEGREE, DEFAULT_THRESHOLD
 from .order import IslandScheduler, Submission
 
 __all__ = ["SchedulerCore", "Send", "SendAll", "Forward", "FailKeys", "Progress", "Instruction", "call_keys"]
@@ -65,8 +67,17 @@ Instruction = Send | SendAll | Forward | FailKeys | Progress
 
 
 def call_keys(call: dict[str, Any]) -> list[Any]:
-    """Every key a call creates."""
-    return [as_key(k) for _addr, _plan, outs in call["hosts"] for k, _ in outs]
+    """Every key a call creates (one per program output, on the host that owns it)."""
+    return [as_key(k) for k, _j, _owner in call["outputs"]]
+
+
+class Output(NamedTuple):
+    """What an output key owns: output ``output`` of ``pid`` on ``hosts``, its key held by ``owner``."""
+    pid: str
+    output: int
+    owner: str
+    hosts: Any  # a collection of host addresses (the program's own, shared, not copied)
+    client: str
 
 
 class SchedulerCore:
@@ -78,21 +89,47 @@ class SchedulerCore:
         The slotting policy's name (``fifo``, ``proportional``).
     ordering : bool
         Test-only switch: ``False`` sends no order messages.
+    degree, threshold : int
+        Fan-out trees (:mod:`~pathdask.core.fanout`): a program on more than ``threshold``
+        hosts reaches them through a tree of this ``degree``.
     """
 
-    def __init__(self, policy: str = "fifo", *, ordering: bool = True) -> None:
-        self.order = IslandScheduler(policy)
+    def __init__(self, policy: str = "fifo", *, ordering: bool = True, degree: int = DEFAULT_DEGREE,
+                 threshold: int = DEFAULT_THRESHOLD) -> None:
+        self.order = IslandScheduler(policy, on_end=self._ended)
         self.ordering = ordering
+        self.degree, self.threshold = degree, threshold
         self.hosts: set[str] = set()
         #: client id -> weight under proportional share
         self.clients: dict[str, float] = {}
-        #: output key -> (address of the host it owns buffers on, program, output index)
-        self.output_owners: dict[Any, tuple[str, str, int]] = {}
+        #: output key -> what it owns
+        self.output_owners: dict[Any, Output] = {}
+        #: output keys forgotten because their owner host left: the other hosts keep their
+        #: shards (a client may recover them) until the client lets go of the key
+        self.orphans: dict[Any, Output] = {}
+        #: program -> programs not yet ended that read its outputs
+        self.readers: dict[str, int] = {}
+        #: program -> its outputs forgotten while it had readers: released once they end
+        self.deferred: dict[str, list[Output]] = {}
+        #: host -> the slot of the last program ordered there (the next one's ``prev``)
+        self.last_slot: dict[str, int] = {}
+        #: tree program ordered, its first host's report not yet in -> (program, slot, prev per
+        #: host): if a host of it is lost, it is ordered again directly on the others
+        self.chains: dict[str, tuple[Submission, int, list[int]]] = {}
+        #: tree release sent, not yet reported carried out -> what it releases (sent again
+        #: directly if a host of its tree is lost)
+        self.releasing: dict[str, Output] = {}
+        self._releases = 0
+        #: calls that reached their hosts through a fan-out tree
+        self.fanned = 0
+        #: releases let go by programs that ended, not yet carried out (:meth:`released`)
+        self._due: list[Output] = []
 
     # -- hosts --------------------------------------------------------------------------------
     def host_joined(self, host: str, transport: str | None) -> list[Instruction]:
         """A host registered: the others learn where its transport listens."""
         self.hosts.add(host)
+        self.last_slot.pop(host, None)  # a fresh runtime starts its chain again
         return [SendAll(HostJoined(host, transport), but=host)]
 
     def host_lost(self, host: str, describe: str, *, failing: bool = True) -> list[Instruction]:
@@ -101,10 +138,23 @@ class SchedulerCore:
         if host not in self.hosts:
             return []
         self.hosts.discard(host)
+        self.last_slot.pop(host, None)
         out: list[Instruction] = [SendAll(HostLost(host))]
         affected = [s for s in self.order.inflight.values() if host in s.hosts]
+        # a tree program's ending comes up its tree, through hosts that may be cut off: it
+        # leaves the order now, and each of its other hosts is ordered it again directly (a
+        # relay may have held the order), where it ends at once, dropped
+        # first: no waiting program that uses the host may take a slot freed below
         waiting, slotted = self.order.host_lost(host)
         affected += waiting
+        trees = [c for c in self.chains.values() if host in c[0].hosts]
+        for sub, *_ in trees:
+            del self.chains[sub.pid]
+            if sub.pid not in self.order.inflight:
+                affected.append(sub)  # its client closed: it left the order, but may not have reached its hosts
+        slotted += [t for sub, *_ in trees for t in self.order.finish(sub.pid)]
+        out += [i for ack, o in list(self.releasing.items()) if host in o.hosts
+                for i in self._release(self.releasing.pop(ack), direct=True)]
         if affected and failing:
             reason = f"host {host} ({describe}) left the cluster while this program used it"
             logger.warning("pathdask: %s; failing %d program(s)", reason, len(affected))
@@ -116,6 +166,7 @@ class SchedulerCore:
                     if addr != host]
         else:
             logger.info("pathdask: host %s left; its devices are gone", host)
+        out += self._reorder(trees, but=host)
         return out + self._orders(slotted)
 
     # -- clients ------------------------------------------------------------------------------
@@ -126,35 +177,58 @@ class SchedulerCore:
         """A client left: its waiting programs go, its slotted ones end; hosts drop its work."""
         if self.clients.pop(client, None) is None:
             return []
-        return [*self._orders(self.order.drop_client(client)), SendAll(DropClient(client))]
+        orphans = [k for k, o in self.orphans.items() if o.client == client]
+        return [*self._orders(self.order.drop_client(client)), SendAll(DropClient(client)),
+                *self.keys_released(orphans)]
 
     # -- intake -------------------------------------------------------------------------------
     def check_call(self, call: dict[str, Any], workers: Container[str]) -> None:
         """Raise ``DeviceLostError`` if a host of ``call`` has left (``workers``: Dask's live ones)."""
-        gone = sorted(addr for addr, *_ in call["hosts"] if addr not in self.hosts or addr not in workers)
-        if gone:
-            raise DeviceLostError(f"host(s) {gone} left the cluster before program {call['pid']} was "
-                                  "called; call it again on a new mesh")
+        hosts = call["hosts"]
+        if not (self.hosts.issuperset(hosts) and all(map(workers.__contains__, hosts))):
+            gone = sorted(a for a in hosts if a not in self.hosts or a not in workers)
+            raise DeviceLostError(f"host(s) {gone} left the cluster before program {call['pid']} "
+                                  "was called; call it again on a new mesh")
+
+    def fans(self, hosts: Any) -> bool:
+        """Whether a program on ``hosts`` reaches them through a fan-out tree."""
+        return len(hosts) > self.threshold
 
     def take_call(self, client: str, call: dict[str, Any]) -> list[Instruction]:
-        """A checked call whose keys exist: forward its parts and slot it."""
-        out: list[Instruction] = [Forward(addr, (call["pid"], plan, call["inputs"], outputs))
-                                  for addr, plan, outputs in call["hosts"]]
+        """A checked call whose keys exist: forward its parts (to each host, or down its tree,
+        untouched) and slot it."""
+        pid, hosts, parts = call["pid"], call["hosts"], call["parts"]
+        out: list[Instruction]
+        if self.fans(hosts):
+            self.fanned += 1
+            out = [Send(hosts[0], Fan(hosts, None, self.degree, call=(client, pid, call["inputs"], parts)))]
+        else:
+            out = [Forward(addr, (pid, plan, call["inputs"], outputs)) for addr, (plan, outputs) in zip(hosts, parts)]
         return out + self.submit(client, {
-            **call["program"],
-            "outputs": [(k, addr, j) for addr, _plan, outs in call["hosts"] for k, j in outs],
+            **call["program"], "outputs": [(k, owner, j) for k, j, owner in call["outputs"]], "shared": True,
             "deps": sorted({producer for producer, _ in call["inputs"]})})
 
     def submit(self, client: str, info: dict[str, Any]) -> list[Instruction]:
-        """Slot a program from its ``pathdask`` annotation (``client/lowering.py``)."""
+        """Slot a program from its ``pathdask`` annotation (``client/lowering.py``); with
+        ``shared``, each output's key owns its shards on every host of the program (a call),
+        else only on the host holding the key (a graph's per-host keys)."""
+        pid, hosts = info["pid"], info["hosts"]
+        shared = info.get("shared", False)
         for key, addr, j in info["outputs"]:
-            self.output_owners[as_key(key)] = (addr, info["pid"], j)
-        sub = Submission(info["pid"], client, info["hosts"], info.get("cost", 0.0),
-                         frozenset(info.get("deps", ())))
-        gone = sorted(set(sub.hosts) - self.hosts)
-        if gone:  # planned for a host that has left since: it fails at once, on every live host
-            reason = f"host(s) {gone} left the cluster before this program was slotted"
-            return [Send(a, DropPrograms([sub.pid], reason, gone[0])) for a in sub.hosts if a not in gone]
+            self.output_owners[as_key(key)] = Output(pid, j, addr, hosts if shared else (addr,), client)
+        deps = frozenset(info.get("deps", ()))
+        for producer in deps:
+            self.readers[producer] = self.readers.get(producer, 0) + 1
+        sub = Submission(pid, client, hosts, info.get("cost", 0.0), deps,
+                         (next(iter(hosts)),) if self.ordering and self.fans(hosts) else None)
+        if not hosts:  # nothing to run anywhere: it ends at once
+            self._ended(sub)
+            return [Progress()]
+        if not self.hosts.issuperset(hosts):  # planned for a host that has left since: it fails
+            gone = [a for a in hosts if a not in self.hosts]  # at once, on every live host
+            self._ended(sub)
+            reason = f"host(s) {sorted(gone)} left the cluster before this program was slotted"
+            return [Send(a, DropPrograms([pid], reason, min(gone))) for a in hosts if a not in gone]
         return self._orders(self.order.submit(sub, self.clients.get(client, 1.0)))
 
     def call_failed(self, client: str, call: dict[str, Any], error: BaseException) -> list[Instruction]:
@@ -169,12 +243,17 @@ class SchedulerCore:
         ended = self.end_program(pid, reason, cause)
         if ended:
             return out + ended
-        return out + [Send(addr, DropPrograms([pid], reason, cause=cause)) for addr, *_ in call["hosts"]]
+        return out + [Send(addr, DropPrograms([pid], reason, cause=cause)) for addr in call["hosts"]]
 
     # -- endings ------------------------------------------------------------------------------
     def program_done(self, host: str, pid: str) -> list[Instruction]:
-        """A host ran its part of ``pid``."""
+        """A host ran its part of ``pid`` (a tree's first host: every host of the tree did)."""
+        self.chains.pop(pid, None)
         return self._orders(self.order.host_done(pid, host))
+
+    def released_on_tree(self, ack: str) -> None:
+        """Tree release ``ack`` was carried out on every host of its tree."""
+        self.releasing.pop(ack, None)
 
     def dispatch_failed(self, host: str, pid: str, error: str, cause: Any) -> list[Instruction]:
         """A host could not register its part of ``pid``: it is dropped everywhere, with ``cause``."""
@@ -189,22 +268,92 @@ class SchedulerCore:
         logger.info("pathdask: %s; dropping it on %s", reason, sorted(sub.hosts))
         return [Send(addr, DropPrograms([pid], reason, cause=cause)) for addr in sub.hosts]
 
-    def key_forgotten(self, key: Any) -> list[Instruction]:
-        """The scheduler forgot an output key: its host frees the buffers it owned (with Dask's
-        next message: nothing waits for it)."""
-        owner = self.output_owners.pop(key, None)
-        if owner is None:
+    def _ended(self, sub: Submission) -> None:
+        """``sub`` left the order: the outputs it read and whose keys were forgotten go now
+        (they are carried out with the next instructions, see :meth:`released`)."""
+        for producer in sub.deps:
+            left = self.readers.get(producer, 0) - 1
+            if left > 0:
+                self.readers[producer] = left
+                continue
+            self.readers.pop(producer, None)
+            self._due.extend(self.deferred.pop(producer, ()))
+
+    def released(self) -> list[Instruction]:
+        """The releases that programs ending since the last call let go (the adapter asks
+        after each event, so that nothing waits)."""
+        if not self._due:
             return []
-        addr, pid, index = owner
-        return [Send(addr, ReleaseOutputs([(pid, index)]), now=False)]
+        due, self._due = self._due, []
+        return [i for o in due for i in self._release(o)]
+
+    def key_forgotten(self, key: Any, owner_left: bool = False) -> list[Instruction]:
+        """The scheduler forgot an output key: its hosts free the buffers it owned, once the
+        programs that read them ended. ``owner_left``: forgotten because the host holding the
+        key left; the other hosts keep their shards until the client lets go of the key."""
+        out = self.output_owners.pop(key, None)
+        if out is None:
+            return []
+        if owner_left and len(out.hosts) > 1:
+            self.orphans[key] = out
+            return []
+        if out.pid in self.readers:
+            self.deferred.setdefault(out.pid, []).append(out)
+            return []
+        return self._release(out)
+
+    def keys_released(self, keys: Iterable[Any]) -> list[Instruction]:
+        """A client let go of keys: those whose owner host left free their other shards."""
+        out: list[Instruction] = []
+        for key in keys:
+            orphan = self.orphans.pop(key, None)
+            if orphan is not None:
+                out += self._release(orphan)
+        return out
+
+    def _release(self, out: Output, direct: bool = False) -> list[Instruction]:
+        """Free output ``out``'s buffers on its live hosts (with Dask's next message: nothing
+        waits), down a tree until its first host reports it carried out, or ``direct``."""
+        hosts = [a for a in out.hosts if a in self.hosts]
+        outputs = [(out.pid, out.output)]
+        if self.fans(hosts) and not direct:
+            self._releases += 1
+            ack = f"release-{self._releases}"
+            self.releasing[ack] = out
+            return [Send(hosts[0], Fan(hosts, None, self.degree, release=(ack, outputs)), now=False)]
+        return [Send(a, ReleaseOutputs(outputs), now=False) for a in hosts]
+
+    # -- orders -------------------------------------------------------------------------------
+    def _chain(self, sub: Submission, slot: int) -> list[int]:
+        """The ``prev`` of ``sub`` on each of its hosts, in their order; it becomes their last."""
+        last = self.last_slot
+        prevs = list(map(last.get, sub.hosts, repeat(-1)))
+        last.update(zip(sub.hosts, repeat(slot)))
+        return prevs
 
     def _orders(self, slotted: Iterable[tuple[int, Submission]]) -> list[Instruction]:
         """Tell each host of each newly slotted program where it goes in its devices' order."""
         out: list[Instruction] = [Progress()]
         if not self.ordering:
             return out
-        per_host: dict[str, list[tuple[str, str, list[int]]]] = {}
-        for _slot, sub in slotted:
-            for addr, devices in sub.hosts.items():
-                per_host.setdefault(addr, []).append((sub.pid, sub.client, devices))
+        per_host: dict[str, list[tuple[str, str, list[int], int, int]]] = {}
+        for slot, sub in slotted:
+            prevs = self._chain(sub, slot)
+            if sub.ends is not None:
+                self.chains[sub.pid] = (sub, slot, prevs)
+                hosts = list(sub.hosts)
+                out.append(Send(hosts[0], Fan(hosts, None, self.degree, order=(
+                    sub.pid, sub.client, slot, list(zip(sub.hosts.values(), prevs))))))
+                continue
+            for (addr, devices), prev in zip(sub.hosts.items(), prevs):
+                per_host.setdefault(addr, []).append((sub.pid, sub.client, devices, slot, prev))
         return out + [Send(addr, Order(programs)) for addr, programs in per_host.items()]
+
+    def _reorder(self, trees: list[tuple[Submission, int, list[int]]], but: str) -> list[Instruction]:
+        """Order tree programs again, ``(program, slot, prevs)``, on each of their hosts but
+        ``but``, directly (after their drop)."""
+        out: list[Instruction] = []
+        for sub, slot, prevs in trees:
+            out += [Send(a, Order([(sub.pid, sub.client, devices, slot, prev)]))
+                    for (a, devices), prev in zip(sub.hosts.items(), prevs) if a != but]
+        return out

@@ -27,6 +27,8 @@ class Submission:
     hosts: dict[str, list[int]]  # worker address -> device ids the program uses there
     cost: float = 0.0  # estimated device-seconds, what proportional share charges
     deps: frozenset[str] = field(default_factory=frozenset)  # programs producing its inputs
+    #: the hosts whose ending reports end it (``None``: every host; a fan-out tree's first host)
+    ends: tuple[str, ...] | None = None
 
     @property
     def devices(self) -> list[int]:
@@ -156,8 +158,10 @@ def make_policy(name: str) -> Policy:
 class IslandScheduler:
     """Slots programs in one global order, as the policy chooses, never before their inputs."""
 
-    def __init__(self, policy: str = "fifo") -> None:
+    def __init__(self, policy: str = "fifo", on_end: Callable[[Submission], Any] | None = None) -> None:
         self.policy = make_policy(policy)
+        #: called with each program that leaves: ended on its hosts, or dropped before its slot
+        self.on_end = on_end or (lambda sub: None)
         self.next_slot = 0
         self.inflight: dict[str, Submission] = {}
         self.pending_hosts: dict[str, set[str]] = {}  # slotted program -> hosts still running it
@@ -182,6 +186,12 @@ class IslandScheduler:
         self.policy.push(sub, weight)
         return self._fill(sub.pid)
 
+    def _dropped(self, subs: list[Submission]) -> list[Submission]:
+        for sub in subs:
+            self.waiting.discard(sub.pid)
+            self.on_end(sub)
+        return subs
+
     def host_done(self, pid: str, host: str) -> list[tuple[int, Submission]]:
         """A host finished its part of ``pid``; returns newly slotted programs."""
         hosts = self.pending_hosts.get(pid)
@@ -190,17 +200,25 @@ class IslandScheduler:
         hosts.discard(host)
         if hosts:
             return []
-        del self.pending_hosts[pid]
-        sub = self.inflight.pop(pid)
+        return self.finish(pid)
+
+    def finish(self, pid: str) -> list[tuple[int, Submission]]:
+        """Slotted ``pid`` left the order (it ended on its hosts, or no ending will come);
+        returns newly slotted programs."""
+        self.pending_hosts.pop(pid, None)
+        sub = self.inflight.pop(pid, None)
+        if sub is None:
+            return []
         self.done[sub.client] = self.done.get(sub.client, 0) + 1
-        for d in sub.devices:
-            self.device_load[d] -= 1
+        if self.policy.window is not None:
+            for d in sub.devices:
+                self.device_load[d] -= 1
+        self.on_end(sub)
         return self._fill()
 
     def drop_client(self, client: str) -> list[tuple[int, Submission]]:
         """A client left: its waiting programs are forgotten, its slotted ones count as done."""
-        for sub in self.policy.drop(lambda s: s.client == client):
-            self.waiting.discard(sub.pid)
+        self._dropped(self.policy.drop(lambda s: s.client == client))
         out = []
         for pid in [p for p, s in self.inflight.items() if s.client == client]:
             for host in list(self.pending_hosts.get(pid, ())):
@@ -211,9 +229,7 @@ class IslandScheduler:
     def host_lost(self, host: str) -> tuple[list[Submission], list[tuple[int, Submission]]]:
         """A host left: the waiting programs that use it are dropped (returned first); its
         part of slotted programs counts as done (newly slotted programs come second)."""
-        dropped = self.policy.drop(lambda s: host in s.hosts)
-        for sub in dropped:
-            self.waiting.discard(sub.pid)
+        dropped = self._dropped(self.policy.drop(lambda s: host in s.hosts))
         out = []
         for pid in [p for p, hosts in self.pending_hosts.items() if host in hosts]:
             out += self.host_done(pid, host)
@@ -227,7 +243,7 @@ class IslandScheduler:
         if pid not in self.waiting:
             return None
         self.waiting.discard(pid)
-        gone = self.policy.drop(lambda s: s.pid == pid)
+        gone = self._dropped(self.policy.drop(lambda s: s.pid == pid))
         return gone[0] if gone else None
 
     def by_client(self) -> dict[str, dict[str, int]]:
@@ -256,9 +272,10 @@ class IslandScheduler:
             self.waiting.discard(sub.pid)
             slot, self.next_slot = self.next_slot, self.next_slot + 1
             self.inflight[sub.pid] = sub
-            self.pending_hosts[sub.pid] = set(sub.hosts)
-            for d in sub.devices:
-                self.device_load[d] = self.device_load.get(d, 0) + 1
+            self.pending_hosts[sub.pid] = set(sub.hosts if sub.ends is None else sub.ends)
+            if self.policy.window is not None:  # only a window reads the load
+                for d in sub.devices:
+                    self.device_load[d] = self.device_load.get(d, 0) + 1
             out.append((slot, sub))
 
     def info(self) -> dict[str, Any]:

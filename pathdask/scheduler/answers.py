@@ -92,7 +92,7 @@ class SchedulerAnswers:
 
     async def stats(self) -> dict[str, Any]:
         replies = await self.ask_hosts(HostStats())
-        return {**_merge(replies), "scheduler": self.meter.snapshot()}
+        return {**_merge(replies), "scheduler": {**self.meter.snapshot(), "fanned": self.core.fanned}}
 
     async def transfers(self) -> list[Any]:
         """Every host's recent modelled transfers (``links.py``), with wall-clock times."""

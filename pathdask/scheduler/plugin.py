@@ -25,7 +25,14 @@ from distributed.protocol import to_serialize
 from distributed.protocol.pickle import dumps
 
 from .. import gctune
-from ..compat import create_keys, keys_exist, release_keys, report_erred, send_to_worker
+from ..compat import (
+    create_keys,
+    keys_exist,
+    on_client_releases_keys,
+    release_keys,
+    report_erred,
+    send_to_worker,
+)
 from ..core.island import FailKeys, Forward, Instruction, Progress, SchedulerCore, Send, SendAll
 from ..core.order import make_policy
 from ..dashboard import install
@@ -50,6 +57,7 @@ from ..protocol import (
     ProgramDone,
     RegisterClient,
     RegisterHost,
+    Released,
     ReleaseSlice,
     ResetObservations,
     Stats,
@@ -118,7 +126,9 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
     async def start(self, scheduler: Scheduler, **kwargs: Any) -> None:
         self.gc_tuning = gctune.tune()  # released in before_close
         self.scheduler = scheduler
-        self.core = SchedulerCore(self.policy, ordering=self.ordering)
+        fanout = dask.config.get("pathdask.fanout")
+        self.core = SchedulerCore(self.policy, ordering=self.ordering, degree=int(fanout["degree"]),
+                                  threshold=int(fanout["threshold"]))
         self.meter = CallMeter()
         self.resources = ResourceManager(self.topology)
         self.interruptions = Interruptions(scheduler, self.resources)
@@ -162,10 +172,12 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         self.handlers: dict[type[Message], Any] = {
             Calls: self.call,
             ProgramDone: self.program_done,
+            Released: lambda worker, m: self.core.released_on_tree(m.id),
             DispatchFailed: lambda worker, m: self.apply(self.core.dispatch_failed(worker, m.pid, m.error,
                                                                                    m.cause)),
         }
         scheduler.stream_handlers[STREAM_OP] = stream_handler(SCHEDULER, self.handlers, self._protocol_error)
+        on_client_releases_keys(scheduler, lambda client, keys: self.apply(self.core.keys_released(keys)))
         await scheduler.register_worker_plugin(None, dumps(HostRuntime()), name="pathdask", idempotent=False)
         self.activity.start()
         install(scheduler)
@@ -273,7 +285,9 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         meter.calls += 1
         start = time.thread_time()
         self.core.check_call(call, self.scheduler.workers)
-        keys = {addr: [as_key(k) for k, _ in outs] for addr, _plan, outs in call["hosts"]}
+        keys: dict[str, list[Any]] = {}
+        for k, _j, owner in call["outputs"]:
+            keys.setdefault(owner, []).append(as_key(k))
         exist = keys_exist(self.scheduler, (k for made in keys.values() for k in made))
         if exist:
             raise ValueError(f"output key {exist[0]!r} of program {call['pid']} exists already")
@@ -318,7 +332,9 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
                 kwargs.get("exception")))
         elif finish == "forgotten":
             began = time.thread_time()
-            self.apply(self.core.key_forgotten(key))
+            owner = self.core.output_owners.get(key)
+            self.apply(self.core.key_forgotten(key, owner_left=owner is not None
+                                               and owner.owner not in self.scheduler.workers))
             self.meter.lap("forgotten", began)
 
     # -- instructions out --------------------------------------------------------------
@@ -344,6 +360,9 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
                 self.progress.set()
             else:  # pragma: no cover - a new instruction without its executor
                 raise TypeError(f"PathwaysScheduler cannot carry out {ins!r}")
+        released = self.core.released()  # outputs that programs ending now no longer read
+        if released:
+            self.apply(released)
 
     def tell(self, addr: str, msg: Message, now: bool = True) -> bool:
         """Send a record on the scheduler's stream to host ``addr``; ``False`` if the host is gone.

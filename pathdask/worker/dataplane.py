@@ -15,10 +15,11 @@ socket receivers or the event loop. What they share locks itself: the
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ import numpy as np
 from ..chunking import split
 from ..core.ledger import HostProgram, Ledger
 from ..ops import GangSpec
-from ..protocol import ABORT, CHUNK, XFER
+from ..protocol import ABORT, CHUNK, RECORD, XFER
 from ..sharding import contiguous
 from ..topology import DeviceInfo
 from .chunks import Reassembly
@@ -54,6 +55,8 @@ class DataPlane:
     peers: Peers
     reassembly: Reassembly
     ledger: Ledger
+    loop: asyncio.AbstractEventLoop
+    on_peer_record: Callable[[dict[str, Any]], None]  # the runtime's: a control record from a peer
 
     # -- data plane: exchange ----------------------------------------------------
     def exchange(
@@ -149,6 +152,8 @@ class DataPlane:
                 self._deliver([(meta[0], meta[1], piece, meta[5])])
         elif message[0] == ABORT:
             self.on_abort(*message[1:])
+        elif message[0] == RECORD:  # a control record: the event loop takes it, as the scheduler's
+            self.loop.call_soon_threadsafe(self.on_peer_record, message[1])
 
     def on_xfer(self, pieces: list[Any]) -> None:
         self._deliver([(tuple(key), src, value, stamp) for key, src, value, stamp in pieces])

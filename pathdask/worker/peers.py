@@ -28,7 +28,7 @@ from distributed.comm import connect, get_address_host
 from distributed.protocol import to_serialize
 
 from ..errors import DeviceLostError
-from ..protocol import ABORT, CHUNK, PEER_OPS, PEER_STREAM_OP, XFER, TransportOf, ask
+from ..protocol import ABORT, CHUNK, PEER_OPS, PEER_STREAM_OP, RECORD, XFER, TransportOf, ask
 from .transport import SocketTransport
 
 if TYPE_CHECKING:
@@ -121,6 +121,8 @@ class Peers:
         msg: dict[str, Any]
         if kind == XFER:
             msg = {"op": PEER_OPS[XFER], "pieces": [(k, s, to_serialize(v), r) for k, s, v, r in args[0]]}
+        elif kind == RECORD:
+            msg = {"op": PEER_OPS[RECORD], "fields": args[0]}
         else:
             pid, gang, cause = args
             msg = {"op": PEER_OPS[ABORT], "pid": pid, "gang": gang, "cause": to_serialize(cause)}

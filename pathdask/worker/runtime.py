@@ -32,6 +32,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -55,6 +56,7 @@ from ..core.host import (
     PutHandles,
     Raise,
     Register,
+    Relay,
     Release,
     Tell,
     Wake,
@@ -69,11 +71,13 @@ from ..protocol import (
     PEER_OPS,
     PEER_STREAM_OP,
     PROTOCOL_ERROR_TOPIC,
+    RECORD,
     STREAM_OP,
     XFER,
     Dispatch,
     DropClient,
     DropPrograms,
+    Fan,
     Fetch,
     HostActivity,
     HostDiagnose,
@@ -93,6 +97,7 @@ from ..protocol import (
     Save,
     Status,
     StreamByRpc,
+    SubtreeDone,
     ask,
     decode,
     encode,
@@ -213,9 +218,12 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
             HostResetObservations: lambda m: self.reset_observations(),
         })
         worker.handlers[PEER_STREAM_OP] = self.peers.handle_stream
-        for kind in (Order, Dispatch, DropPrograms, DropClient, ReleaseOutputs, HostLost, HostJoined):
+        for kind in (Order, Dispatch, Fan, DropPrograms, DropClient, ReleaseOutputs, HostLost, HostJoined):
             self.handlers[kind] = self.on_record
+        #: relays a fan-out tree's records to other hosts, one at a time, in order
+        self.relays = ThreadPoolExecutor(1, thread_name_prefix=f"pathdask-relay-{self.host}")
         worker.stream_handlers.update({
+            PEER_OPS[RECORD]: self.on_peer_record,
             PEER_OPS[XFER]: self.on_xfer,
             PEER_OPS[CHUNK]: self.peers.on_chunk,
             PEER_OPS[ABORT]: self.on_abort,
@@ -241,6 +249,7 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
             s.close()
         for t in self.threads:
             await asyncio.to_thread(t.join, 5)
+        self.relays.shutdown(wait=False, cancel_futures=True)
         await self.peers.close()
 
     async def _let_clients_suspend(self, worker: Worker) -> None:
@@ -259,10 +268,36 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
     def on_record(self, msg: Message) -> None:
         """A record from the scheduler (its stream): the core's instructions are carried out."""
         self.apply(self.core.handle(msg))
-        if recording() and isinstance(msg, (Order, Dispatch)):
+        if recording() and isinstance(msg, (Order, Dispatch, Fan)):
+            if isinstance(msg, Fan):
+                for station, part in (("dispatched", msg.call), ("ordered", msg.order)):
+                    if part is not None:
+                        mark(station, part[1] if part is msg.call else part[0])
+                return
             station = "ordered" if isinstance(msg, Order) else "dispatched"
             for entry in msg.programs if isinstance(msg, Order) else msg.calls:
                 mark(station, entry[0])
+
+    def on_peer_record(self, fields: dict[str, Any]) -> None:
+        """A control record from another host (a fan-out tree's), on the event loop."""
+        fields = dict(fields)
+        fields.pop("op", None)  # encode's stream op: the record came on the peers' channel instead
+        try:
+            msg = decode(fields, "a peer host", HOST)
+            if not isinstance(msg, (Fan, SubtreeDone)):
+                raise ProtocolError(f"pathdask message {msg.kind!r} does not travel between hosts")
+        except ProtocolError as e:
+            self._protocol_error(e)
+            return
+        self.on_record(msg)
+
+    def _relay(self, addr: str, msg: Message) -> None:
+        """Send a record to another host (relay thread); one that is gone is the scheduler's to
+        notice (its programs fail with ``DeviceLostError``)."""
+        try:
+            self.peers.send(addr, RECORD, encode(msg))
+        except Exception as e:  # noqa: BLE001 - logged; liveness removes the host
+            logger.warning("pathdask: could not relay %s to host %s (%s: %s)", msg.kind, addr, type(e).__name__, e)
 
     def on_message_rpc(self, rpc: StreamByRpc) -> None:
         """A stream record sent by RPC: the scheduler's stream to a retiring host is closed
@@ -320,6 +355,11 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
                 self.loop.call_soon_threadsafe(self._ended, ins.pid)
             elif isinstance(ins, Tell):
                 self.tell(ins.msg)
+            elif isinstance(ins, Relay):
+                try:
+                    self.relays.submit(self._relay, ins.host, ins.msg)
+                except RuntimeError:  # shut down: this host is closing, its programs were dropped
+                    logger.info("pathdask: host %s is closing; not relaying %s", self.address, ins.msg.kind)
             elif isinstance(ins, MarkLost):
                 self.peers.mark_lost(ins.host)
             elif isinstance(ins, MarkJoined):

@@ -1,0 +1,111 @@
+"""Fan-out trees on real LocalClusters: a program on many hosts reaches them through a tree of
+relays, its endings come back as one, its outputs are one key each, and a relay killed
+mid-run fails exactly the programs that use it, on every host, stranding nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import dask
+import numpy as np
+import pytest
+
+import pathdask as pw
+from pathdask import P
+from pathdask.topology import Topology
+
+from .conftest import assert_clean
+
+#: one island of six hosts, one device each: a tree of degree 2 has depth 2
+SIX = Topology(islands=1, hosts_per_island=6, devices_per_host=1)
+TREE = {"pathdask.fanout.threshold": 2, "pathdask.fanout.degree": 2}
+
+
+def _step() -> pw.Function:
+    return pw.function(lambda b: b + pw.psum(b, "x"), in_specs=P("x"), out_specs=P("x"))
+
+
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_a_program_on_many_hosts_goes_down_a_tree_and_ends_once(processes):
+    with dask.config.set(TREE), pw.LocalSystem(SIX, processes=processes, dashboard_address=None) as system:
+        with system.client(name="tree") as client:
+            mesh = client.mesh({"x": 6})
+            step = _step()
+            x = client.put(np.arange(6.0), mesh, P("x"))
+            before = client.device_stats()["scheduler"]
+            y, expected = x, np.arange(6.0)
+            for _ in range(12):  # chained: each reads the one before, whose key goes meanwhile
+                y = step(y)
+                expected = expected + expected.sum()
+            np.testing.assert_allclose(y.result(timeout=60), expected)
+            stats = client.device_stats()["scheduler"]
+            assert stats["fanned"] - before["fanned"] == 12
+            assert len(y.__dask_keys__()) == 1  # one key for the output, whatever the hosts
+            # below the threshold, calls go to each host directly
+            small = client.mesh({"x": 2})
+            z = client.put(np.ones(2), small, P("x"))
+            np.testing.assert_allclose(step(z).result(timeout=60), [3.0, 3.0])
+            assert client.device_stats()["scheduler"]["fanned"] == stats["fanned"]
+            del x, y, z
+        assert_clean(system)
+
+
+def test_a_replicated_output_survives_the_loss_of_the_host_holding_its_key():
+    """Elastic recovery reads surviving copies: the key's owner is lost, the other hosts keep
+    their shards until the client lets go of the array, then free them."""
+    with dask.config.set(TREE), pw.LocalSystem(SIX, processes=True, dashboard_address=None) as system:
+        with system.client(name="owner") as client:
+            mesh = client.mesh({"x": 6})
+            x = client.put(np.arange(4.0), mesh, P())  # replicated on all six hosts
+            # a collective that reads it on every device: every copy exists once it returns
+            total = pw.function(lambda b: pw.psum(b, "x"), in_specs=P(), out_specs=P())(x)
+            np.testing.assert_allclose(total.result(timeout=60), 6 * np.arange(4.0))
+            (owner,) = x._futures  # the host holding the output's one key
+            _kill(system, client, owner)
+            survivors = client.mesh({"x": 4})
+            (again,) = client.recover({"x": x}, survivors).values()
+            np.testing.assert_allclose(again.result(timeout=60), np.arange(4.0))
+            del x, again, total
+        assert_clean(system)
+
+
+def test_a_relay_killed_mid_run_fails_its_programs_everywhere_and_strands_no_other():
+    """Kill the first host of a tree (the relay every record goes through) while programs run
+    on it: they fail with DeviceLostError on every host; programs on the other hosts (through
+    their own trees) keep running and give right results; nothing is left behind."""
+    with dask.config.set({**TREE, "pathdask.host-timeout": "3s"}), \
+            pw.LocalSystem(SIX, processes=True, dashboard_address=None) as system:
+        with system.client(name="relay") as client:
+            big = client.mesh({"x": 6})
+            relay = big.devices[0].address
+            step = _step()
+            x = client.put(np.ones(6), big, P("x"))
+            running = [step(x) for _ in range(20)]
+            _kill(system, client, relay, wait=False)
+            outcomes = []
+            for r in running:
+                try:
+                    outcomes.append(r.result(timeout=60))
+                except pw.DeviceLostError:
+                    outcomes.append("lost")
+            assert "lost" in outcomes
+            for value in outcomes:
+                if not isinstance(value, str):
+                    np.testing.assert_allclose(value, np.full(6, 7.0))
+            # the other hosts go on, with trees that hold no lost host
+            survivors = client.mesh({"x": 4})
+            z = client.put(np.ones(4), survivors, P("x"))
+            np.testing.assert_allclose(step(step(z)).result(timeout=60), np.full(4, 25.0))
+            del x, z, running
+        assert_clean(system)
+
+
+def _kill(system: pw.LocalSystem, client: pw.Client, host: str, wait: bool = True) -> None:
+    """SIGKILL host ``host``'s worker process; ``wait``: until the scheduler removed it."""
+    pid = client.dask.run(os.getpid, workers=[host])[host]
+    os.kill(pid, signal.SIGKILL)
+    if wait:
+        admin = system._admin
+        assert admin is not None
+        admin.sync(admin.scheduler.pathdask_wait_host_gone, address=host, callback_timeout=30)
