@@ -109,3 +109,25 @@ def _kill(system: pw.LocalSystem, client: pw.Client, host: str, wait: bool = Tru
         admin = system._admin
         assert admin is not None
         admin.sync(admin.scheduler.pathdask_wait_host_gone, address=host, callback_timeout=30)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 16, 33])
+@pytest.mark.parametrize("degree", [1, 2, 4])
+def test_a_tree_reaches_every_host_once_each_host_forwarding_to_at_most_degree(n, degree):
+    from pathdask.core.fanout import shares
+
+    reached, depth = [], 0
+
+    def walk(start: int, stop: int, level: int) -> None:
+        nonlocal depth
+        reached.append(start)
+        depth = max(depth, level)
+        children = [(start + a, start + b) for a, b in shares(stop - start, degree)]
+        assert len(children) <= degree
+        for a, b in children:
+            walk(a, b, level + 1)
+
+    walk(0, n, 0)
+    assert sorted(reached) == list(range(n))
+    if degree > 1:  # about log_degree(n) hops
+        assert depth <= int(np.ceil(np.log(n) / np.log(degree))) + 1

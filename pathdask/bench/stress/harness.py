@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+import dask
+
 from ...system import LocalSystem
 from .chaos import DispatchFailer, WorkerKiller, bounded
 from .client import client_body, process_client
@@ -175,7 +177,8 @@ def run_once(cfg: Config, plan: RunPlan, index: int,
     else:
         system = LocalSystem(topology(), processes=cfg.processes, dashboard_address=None, policy=plan.policy,
                              dispatch_jitter=plan.jitter)
-        system.start()
+        with dask.config.set({"pathdask.fanout.threshold": plan.fanout}):
+            system.start()
     run = Run(system, cfg, plan)
     diagnosis = None
     try:
@@ -196,6 +199,7 @@ def run_once(cfg: Config, plan: RunPlan, index: int,
     wrong, typed, checked = run.judge()
     return {
         "run": index, "seed": plan.seed, "policy": plan.policy, "dispatch_jitter": plan.jitter,
+        "fanout_threshold": plan.fanout,
         "processes": cfg.processes, "clients": [asdict(c) for c in plan.clients],
         "kill_worker_after": plan.kill_worker_after,
         "chaos_events": [{**e, "t": e["t"] - run.t0} for e in run.state.events],

@@ -19,7 +19,8 @@ def _line(r: dict[str, Any], runs: int) -> str:
     stall = "-" if r["stall_end_s"] is None else f"{r['stall_end_s']:.2f}s"
     status = "HANG" if r["hang"] else ("FAIL" if r["wrong"] or r["bytes_left"] or r["leftover_error"] else "ok")
     return (f"run {r['run'] + 1}/{runs} seed {r['seed']}: {status}; {len(r['clients'])} client(s) ({procs} proc), "
-            f"{r['policy']}, jitter {r['dispatch_jitter'] * 1e3:.1f} ms, chaos {chaos}; "
+            f"{r['policy']}, fan-out above {r.get('fanout_threshold', '-')} host(s), "
+            f"jitter {r['dispatch_jitter'] * 1e3:.1f} ms, chaos {chaos}; "
             f"{r['programs_checked']} checked, {len(r['typed_failures'])} typed failure(s), "
             f"{len(r['wrong'])} wrong, {r['bytes_left']} bytes left, stall_end {stall}, {r['seconds']:.1f} s")
 

@@ -106,6 +106,9 @@ class RunPlan:
     kill_worker_after: int | None = None  # SIGKILL a worker once this many programs ended (and all started)
     victim: int = 0  # which worker, as an index into the sorted worker addresses
     fail_dispatch_after: int | None = None  # one host's next dispatch fails once this many ended
+    #: ``pathdask.fanout.threshold``: 1 sends every program on two hosts or more down a fan-out
+    #: tree (so a killed worker may be a relay), the default only larger ones
+    fanout: int = 4
 
 
 def plan_run(cfg: Config, run: int, budget: list[int | None]) -> RunPlan:
@@ -138,4 +141,4 @@ def plan_run(cfg: Config, run: int, budget: list[int | None]) -> RunPlan:
     if cfg.chaos and rng.random() < cfg.dispatch_fail:
         fail = rng.randint(1, max(1, sum(c.programs for c in clients) // 2))
     return RunPlan(cfg.seed * 1000 + run, rng.choice(["fifo", "proportional"]), rng.uniform(0, 0.003),
-                   clients, kill, rng.randrange(topo.num_hosts), fail)
+                   clients, kill, rng.randrange(topo.num_hosts), fail, rng.choice([1, 4]))
