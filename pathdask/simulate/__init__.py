@@ -4,8 +4,10 @@ The real tracing and lowering (``trace_program``, ``lower``), the real island
 scheduler and its policies, and the real link model run against a
 discrete-event clock (simpy) instead of device threads and sockets; the
 control plane's costs come from a calibration of the real embedded system
-(:class:`CostModel`). The output is the trace ``Dataset`` and the stats a real
-run gives.
+(:class:`CostModel`). In islands of more than ``pathdask.fanout.threshold`` hosts
+a call's records go down a relay tree and its endings come back up it
+(:class:`Fanout`, :mod:`.fanout`). The output is the trace ``Dataset`` and the
+stats a real run gives.
 
 Examples
 --------
@@ -24,8 +26,9 @@ Examples
 """
 
 from .abstract import AbstractArray, abstract_mesh
+from .fanout import Fanout
 from .model import CostModel
 from .run import Call, ClientScript, SimResult, Simulation, Tenant, simulate
 
-__all__ = ["AbstractArray", "Call", "ClientScript", "CostModel", "SimResult", "Simulation", "Tenant",
+__all__ = ["AbstractArray", "Call", "ClientScript", "CostModel", "Fanout", "SimResult", "Simulation", "Tenant",
            "abstract_mesh", "simulate"]

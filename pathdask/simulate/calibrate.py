@@ -30,7 +30,17 @@ times, on meshes of 1, 2 and 4 hosts (each cost is a least-squares line over the
 - one call and its result, alone: what is left of it is the latency of its 4 messages
   and a wait per host; and how long after its last host ended it the scheduler learns
   of it (the done wait: the hosts' and the scheduler's handlers are wrapped with timers);
-- the multi-controller loop: a host's cost to register a program itself.
+- the multi-controller loop: a host's cost to register a program itself;
+- throughout, the scheduler plugin's own CPU per call by part (its ``CallMeter``): of
+  its growth per host, the share that is each host's ending (``ended``), by which a
+  relay's CPU per child splits between forwarding and taking endings (below).
+
+The relay tree (``pathdask.fanout``, :mod:`.fanout`) is not in the runtime measured here:
+its scheduler sends each host its records itself, and the calibration's island of 4
+hosts is below the tree's threshold anyway. Its costs are derived from the per-host
+ones: the scheduler's per call and tree is what one host cost it (``scheduler_tree_s``
+= ``scheduler_host_s``), and a relay pays per child what the scheduler paid per host,
+split by the metered share of the endings (:func:`fit`).
 
 A :class:`~.measure.SpeedMeter` runs throughout: a repeat made while the CPU ran
 more than 15% away from its mean speed so far is made again (up to three
@@ -58,7 +68,7 @@ from ..bench.tenancy import _throughput
 from ..protocol import ProgramDone
 from ..system import LocalSystem
 from .measure import SpeedMeter, timed, wrap_dispatch
-from .model import CostModel
+from .model import RELAY_DONE_SHARE, CostModel
 from .schedule import body_seconds
 
 Echo = Callable[[str], Any]
@@ -103,6 +113,8 @@ class _Endings:
         self.ended: dict[str, float] = {}
         self.told: dict[str, float] = {}
         scheduler = system.cluster.scheduler
+        #: the scheduler plugin's ``CallMeter``: its own CPU on calls, by part
+        self.meter = scheduler.plugins["pathdask"].meter
         handlers = scheduler.plugins["pathdask"].handlers
         inner = handlers[ProgramDone]
 
@@ -139,10 +151,18 @@ def _opbyop_cpu(kernels: Kernels, x: Any) -> float:
     return (time.process_time() - c0) / kernels.k
 
 
+def _parts(meter: Any) -> tuple[int, float, float]:
+    """The scheduler plugin's calls so far, and its CPU on them: on endings, and on the rest."""
+    ended = meter.parts["ended"]
+    return meter.calls, ended, sum(meter.parts.values()) - ended
+
+
 def _repeat(client: Any, kernels: Kernels, alone: dict[float, Kernels], x: Any,
             timers: dict[str, list[float]], endings: _Endings) -> dict[str, list[float]]:
     """One repeat of every timing (``timers``: the dispatches' and the take-ins' spans)."""
     k = kernels.k
+    meter = endings.meter
+    before = _parts(meter)
     out: dict[str, list[float]] = {"single": [], "result": []}
     spans, takes = timers["dispatch"], timers["take"]
     spans.clear()
@@ -182,6 +202,9 @@ def _repeat(client: Any, kernels: Kernels, alone: dict[float, Kernels], x: Any,
     singles = set(endings.ended)
     out["mc"] = [run_multicontroller(client, kernels.op, x, k) / k]
     out["done_wait"] = endings.waits(singles)  # the scheduler has learned of them all by now
+    calls, ended, rest = (a - b for a, b in zip(_parts(meter), before))
+    if calls:  # every call of the repeat is on this mesh: the plugin's CPU per call, by part
+        out["meter_ended"], out["meter_rest"] = [ended / calls], [rest / calls]
     return out
 
 
@@ -394,6 +417,13 @@ def fit(raw: dict[str, Any]) -> CostModel:
     mc = max(statistics.median((r[h]["mc"] - own(h)) / h for h in hosts), 0.0)
     mc_op = host_op
     mc_call = max(mc - mc_op * dph, 0.0)
+    # The relay tree: this runtime sends every host its records itself, so nothing here measures a
+    # relay. Its costs are derived from the scheduler's per host: per call and tree the scheduler pays
+    # what one host cost it (one record out, one ending in, one output key), and a relay pays per
+    # child what the scheduler paid per host, split between the forward and the ending by the
+    # endings' share of the plugin's own growth per host (CallMeter: ``ended`` of all its parts).
+    # That keeps the per-host key work in the forward, which a relay does not do: an upper bound.
+    done_share = relay_done_share(r)
     return CostModel(client_call_s=client_call, client_host_s=client_host, scheduler_call_s=sched_call,
                      scheduler_host_s=sched_host, scheduler_take_s=take_call, scheduler_take_host_s=take_host,
                      host_dispatch_s=host_dispatch, host_op_s=host_op,
@@ -402,7 +432,21 @@ def fit(raw: dict[str, Any]) -> CostModel:
                      late_order_host_s=late_order_host, late_order_waiting_s=waiting, done_wait_s=done_wait,
                      done_wait_host_s=done_wait_host,
                      lone_done_host_s=lone_done_host, lone_done_share=share, mc_call_s=mc_call, mc_op_s=mc_op,
+                     scheduler_tree_s=sched_host, relay_forward_s=sched_host * (1 - done_share),
+                     relay_done_s=sched_host * done_share,
                      reference_s=raw.get("reference_s", 0.0), shared_cpu=False, source=_source(raw))
+
+
+def relay_done_share(r: dict[int, dict[str, float]]) -> float:
+    """Of the scheduler plugin's own CPU per call, the share of its growth per host that is the
+    hosts' endings, fitted over the meshes ``r`` (:data:`~.model.RELAY_DONE_SHARE` where not
+    measured, or where nothing grew)."""
+    hosts = sorted(h for h in r if "meter_ended" in r[h] and "meter_rest" in r[h])
+    if len(hosts) < 2:
+        return RELAY_DONE_SHARE
+    ended = _line(hosts, [r[h]["meter_ended"] for h in hosts])[1]
+    rest = _line(hosts, [r[h]["meter_rest"] for h in hosts])[1]
+    return ended / (ended + rest) if ended + rest > 0 else RELAY_DONE_SHARE
 
 
 def _source(raw: dict[str, Any]) -> dict[str, Any]:
@@ -415,7 +459,9 @@ def _source(raw: dict[str, Any]) -> dict[str, Any]:
             "machine": f"{platform.machine()}, {os.cpu_count()} CPU(s), {platform.system()} "
                        f"{platform.release()}", "python": platform.python_version(),
             "dask": dask.__version__, "distributed": distributed.__version__,
-            "system": "LocalSystem(processes=False), 1 island x 4 hosts x 2 devices", "raw": raw}
+            "system": "LocalSystem(processes=False), 1 island x 4 hosts x 2 devices", "raw": raw,
+            "fanout": "the relay tree's costs derived from the per-host ones and the plugin's metered share "
+                      "of endings (no relay tree in the runtime measured; see calibrate.fit)"}
 
 
 def calibrate(path: str | None = None, k: int = 64, repeats: int = 5, echo: Echo = print) -> CostModel:

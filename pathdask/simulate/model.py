@@ -39,10 +39,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DEFAULT", "CostModel"]
+__all__ = ["DEFAULT", "RELAY_DONE_SHARE", "CostModel"]
 
 #: the calibration shipped with pathdask (made by ``pathdask simulate --calibrate``)
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibration.json")
+
+#: the share of the scheduler's own work per host of a call that is the host's ending (its
+#: ``ProgramDone``), of that work's growth per host (``CallMeter``'s ``ended`` of all its parts):
+#: what a relay's CPU per child splits by where a calibration did not measure it
+RELAY_DONE_SHARE = 0.28
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,20 @@ class CostModel:
         Scheduler CPU of an order sent apart from its call per program still waiting for a slot
         then: a late program costs more the more clients wait (the policy looks at each of their
         queues, and fewer of the control plane's messages share a turn of its loop).
+    scheduler_tree_s
+        Scheduler CPU per call and island relay tree, in place of ``scheduler_host_s`` per host
+        of that island (:mod:`.fanout`): one dispatch and one order to the root, one ending
+        from it, one output key per program output instead of one per host. Of it, its handler
+        takes in as for one host (``scheduler_take_host_s``). By default (NaN) ``scheduler_host_s``:
+        what a call's one host cost the scheduler without a tree.
+    relay_forward_s, relay_done_s
+        A relay host's CPU per child it forwards a record to (a call's dispatch with its order,
+        or an order sent apart), and per child whose ending it takes before reporting its
+        subtree's. A relay pays per child about what the scheduler paid per host without the
+        tree: by default (NaN) ``scheduler_host_s`` split by :data:`RELAY_DONE_SHARE`, the share
+        of the scheduler's own work per host that is the host's ending (``CallMeter``'s
+        ``ended``; the rest, its records out and its output key, goes with the forward). That
+        keeps in the per-host key work, which a relay does not do: an upper bound.
     mc_call_s, mc_op_s
         Multi-controller: a host's CPU per program it runs from its own loop, and per op
         of it. Its loop registers each (as a dispatch does: ``host_dispatch_s`` and
@@ -148,6 +167,9 @@ class CostModel:
     late_order_s: float = 0.0
     late_order_host_s: float = 0.0
     late_order_waiting_s: float = 0.0
+    scheduler_tree_s: float = math.nan
+    relay_forward_s: float = math.nan
+    relay_done_s: float = math.nan
     mc_call_s: float = 50e-6
     mc_op_s: float = 10e-6
     reference_s: float = 0.0
@@ -155,6 +177,13 @@ class CostModel:
     source: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        # the relay tree's costs left NaN (say, by a calibration made before them): from the per-host ones
+        derived = {"scheduler_tree_s": self.scheduler_host_s,
+                   "relay_forward_s": self.scheduler_host_s * (1 - RELAY_DONE_SHARE),
+                   "relay_done_s": self.scheduler_host_s * RELAY_DONE_SHARE}
+        for name, value in derived.items():
+            if isinstance(getattr(self, name), float) and math.isnan(getattr(self, name)):
+                object.__setattr__(self, name, value)
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name.endswith("_s") and not (isinstance(v, (int, float)) and v >= 0):
@@ -165,13 +194,14 @@ class CostModel:
                              f"and shares in [0, 1], got {self.lone_done_share!r}")
         object.__setattr__(self, "lone_done_share", points)
 
-    def scheduler_s(self, hosts: int, lone: bool = False) -> tuple[float, float]:
-        """The scheduler's CPU for a call of a program on ``hosts`` hosts: what its handler spends
-        taking the call in, and what comes once the call's dispatches went (none if ``lone``)."""
-        whole = self.scheduler_call_s + self.scheduler_host_s * hosts
+    def scheduler_s(self, hosts: int, lone: bool = False, trees: int = 0) -> tuple[float, float]:
+        """The scheduler's CPU for a call of a program on ``hosts`` hosts that it sends its records
+        to itself, and through ``trees`` islands' relay trees: what its handler spends taking the
+        call in, and what comes once the call's dispatches went (none if ``lone``)."""
+        whole = self.scheduler_call_s + self.scheduler_host_s * hosts + self.scheduler_tree_s * trees
         if lone:
             return whole + self.lone_call_s, 0.0
-        take = min(self.scheduler_take_s + self.scheduler_take_host_s * hosts, whole)
+        take = min(self.scheduler_take_s + self.scheduler_take_host_s * (hosts + trees), whole)
         return take, whole - take
 
     def lone_done_at(self, stretch: float) -> float:

@@ -22,6 +22,11 @@ from the :class:`~.model.CostModel`:
    scheduler the lone-done CPU first; a call that travelled alone waits the lone
    wait per host, and the scheduler learns of its ending only after the done wait.
 
+In an island of more than ``pathdask.fanout.threshold`` hosts (``fanout``) the
+records of legs 2 and 3 go down the island's relay tree and the endings of leg 4
+come back up it (:mod:`.fanout`): the scheduler's CPU per call no longer grows with
+its hosts, and each leg takes a message's latency per level of the tree.
+
 The multi-controller baseline (:meth:`Tenant.mc`) is what
 ``bench/multicontroller.py`` runs: each host registers the same programs with its
 own runtime, one after another, with no client and no scheduler.
@@ -55,6 +60,7 @@ from ..scheduler.plugin import CALL_SLICE
 from ..topology import Topology
 from .clock import Clock, Hosts, Processor
 from .devices import DeviceEngine, own_seconds
+from .fanout import Fanout, Route, route
 from .model import CostModel
 from .schedule import Schedule, compile_schedule
 
@@ -239,9 +245,12 @@ class Simulation:
     """One simulated system: a topology, a cost model, a policy; add clients, then :meth:`run`."""
 
     def __init__(self, topology: Topology, costs: CostModel | None = None, policy: str = "fifo",
-                 trace_gangs: int = 20000, overlap: bool = True) -> None:
+                 trace_gangs: int = 20000, overlap: bool = True, fanout: Fanout | None = None) -> None:
         self.topology = topology
         self.costs = costs if costs is not None else CostModel.load()
+        #: the relay trees' shape (by default the dask config's ``pathdask.fanout``)
+        self.fanout = fanout if fanout is not None else Fanout.from_config()
+        self._routes: dict[int, tuple[Schedule, Route | None]] = {}  # id -> (schedule, its route)
         self.clock = Clock()
         self.islands = IslandScheduler(policy)
         self.overlap = overlap
@@ -261,6 +270,21 @@ class Simulation:
 
     def schedule(self, program: Program) -> Schedule:
         return compile_schedule(program, self.topology, self.overlap)
+
+    def route(self, sched: Schedule) -> Route | None:
+        """The relay trees a call of ``sched`` goes through (None: none, the scheduler sends to
+        and hears from each host itself)."""
+        known = self._routes.get(id(sched))
+        if known is None:
+            known = self._routes[id(sched)] = (sched, route(sched.hosts, self.topology, self.fanout))
+        return known[1]
+
+    def _scheduler_s(self, call: Call) -> tuple[float, float]:
+        """The scheduler's CPU for ``call`` (:meth:`CostModel.scheduler_s`): per host, or per relay tree."""
+        r = self.route(call.schedule)
+        if r is None:
+            return self.costs.scheduler_s(call.schedule.n_hosts, call.lone)
+        return self.costs.scheduler_s(0, call.lone, trees=r.messages)
 
     def client(self, name: str, script: Script, weight: float = 1.0) -> Tenant:
         """Add a client running ``script``."""
@@ -307,10 +331,10 @@ class Simulation:
         alone, then the calls of :data:`~pathdask.scheduler.plugin.CALL_SLICE` of its handler's
         time (:meth:`~.model.CostModel.scheduler_s`). Their dispatches go when the slice is done,
         and the next slice is taken in before the hosts take them in."""
-        c, start = self.costs, self.clock.now
+        start = self.clock.now
         done, taken, after = start, 0, 0.0
         for call in calls:
-            take, later = c.scheduler_s(call.schedule.n_hosts, call.lone)
+            take, later = self._scheduler_s(call)
             done = self.scheduler_cpu.book(done, take)
             after += later
             taken += 1
@@ -336,9 +360,12 @@ class Simulation:
 
     def _submit(self, call: Call, weight: float) -> None:
         c, sched = self.costs, call.schedule
-        call.dispatched = self.hosts.book(sched.hosts, self.clock.now + c.message_s,
-                                          c.host_dispatch_s + c.host_op_s * sched.ops_per_host
-                                          + (c.lone_host_s if call.lone else 0.0))
+        own = c.host_dispatch_s + c.host_op_s * sched.ops_per_host + (c.lone_host_s if call.lone else 0.0)
+        r = self.route(sched)
+        if r is None:
+            call.dispatched = self.hosts.book(sched.hosts, self.clock.now + c.message_s, own)
+        else:
+            call.dispatched = r.descend(self.hosts, self.clock.now + c.message_s, own, c)
         sub = Submission(call.pid, call.client, sched.host_devices, sched.cost, call.deps)
         self._slotted(self.islands.submit(sub, weight))
 
@@ -352,9 +379,10 @@ class Simulation:
             call = self.calls[sub.pid]
             order_at = now + c.message_s  # the order goes with the call's dispatch
             if late:  # sent, then taken in by each host
-                hosts = call.schedule.hosts
-                order_at = float(self.hosts.book(hosts, self.scheduler_cpu.book(now, sent) + c.message_s,
-                                                 np.full(len(hosts), c.late_order_host_s)).max())
+                hosts, r = call.schedule.hosts, self.route(call.schedule)
+                at, own = self.scheduler_cpu.book(now, sent) + c.message_s, np.full(len(hosts), c.late_order_host_s)
+                order_at = float((self.hosts.book(hosts, at, own) if r is None else r.descend(self.hosts, at, own, c))
+                                 .max())
             call.slot, call.order_at = slot, order_at
             self.order.append(call)
         self._advance()
@@ -378,8 +406,19 @@ class Simulation:
                 return
             self.order.popleft()
             call.started = float(ready.min())
-            done = max(now, float(self.engine.run(call.schedule, ready, call.pid, call.client).max()))
-            self.clock.at(done + self.costs.message_s, self._program_done, call)
+            ends = np.maximum(self.engine.run(call.schedule, ready, call.pid, call.client), now)
+            r = self.route(call.schedule)
+            if r is None:
+                self.clock.at(float(ends.max()) + self.costs.message_s, self._program_done, call)
+            else:  # up the trees, from when its first host ended
+                self.clock.at(float(ends.min()), self._ascend, call, ends, r)
+
+    def _ascend(self, call: Call, ends: np.ndarray, r: Route) -> None:
+        """``call``'s endings go up its relay trees (:meth:`Route.ascend`), each host that reports
+        paying its share of the lone-done CPU; the scheduler has them once the last root reported."""
+        share = 0.0 if call.lone else self._ends_alone(call.schedule)
+        told = r.ascend(self.hosts, ends, share * self.costs.lone_done_host_s, self.costs)
+        self.clock.at(told, self._program_done, call, share)
 
     def _ends_alone(self, sched: Schedule) -> float:
         """The share of the lone-done costs a pipelined call of ``sched`` pays: the more its gangs
@@ -388,30 +427,38 @@ class Simulation:
         (:meth:`CostModel.lone_done_at`)."""
         known = self._alone.get(id(sched))
         if known is None:
-            c, n = self.costs, sched.n_hosts
+            c, n, r = self.costs, sched.n_hosts, self.route(sched)
             kernels = [st for st in sched.steps if st.kind == "kernel"]
             own = [len(st.devs) * own_seconds(st, c) for st in kernels]
-            parts = [c.client_call_s + c.client_host_s * n, sum(c.scheduler_s(n)),
-                     n * c.host_dispatch_s + c.host_op_s * float(sched.ops_per_host.sum()), sum(own)]
-            cpu = sum(parts) if self.costs.shared_cpu else max(parts[0], parts[1], parts[2] / n,
+            relays, busiest = r.relay_cpu(c) if r is not None else (0.0, 0.0)
+            parts = [c.client_call_s + c.client_host_s * n,
+                     sum(c.scheduler_s(n) if r is None else c.scheduler_s(0, trees=r.messages)),
+                     n * c.host_dispatch_s + c.host_op_s * float(sched.ops_per_host.sum()), sum(own), relays]
+            cpu = sum(parts) if self.costs.shared_cpu else max(parts[0], parts[1], parts[2] / n, busiest,
                                                                sum(own) / max(len(sched.devices), 1))
             stretch = sum(st.cost for st in kernels) / cpu if cpu > 0 else np.inf
             known = self._alone[id(sched)] = (sched, c.lone_done_at(stretch))
         return known[1]
 
-    def _program_done(self, call: Call) -> None:
-        c, now = self.costs, self.clock.now
+    def _program_done(self, call: Call, up: float | None = None) -> None:
+        """The scheduler has ``call``'s endings: each host's, or (``up``: the share of the lone-done
+        CPU its hosts paid on the way) its relay trees' roots'."""
+        c, now, r = self.costs, self.clock.now, self.route(call.schedule)
         call.done_at = told = now
-        if call.lone:
-            told += c.lone_wait_host_s * call.schedule.n_hosts
+        n = call.schedule.n_hosts
+        if call.lone:  # each host's hand-offs, one after another (on separate processors, along a path)
+            told += c.lone_wait_host_s * (n if r is None or c.shared_cpu else r.path_hosts)
+        elif up is not None:
+            if up:
+                told = self.scheduler_cpu.book(now, up * c.lone_done_s)
         elif share := self._ends_alone(call.schedule):
             hosts = call.schedule.hosts
             sent = self.hosts.book(hosts, now, np.full(len(hosts), share * c.lone_done_host_s))
             told = self.scheduler_cpu.book(float(sent.max()), share * c.lone_done_s)
         assert call.done is not None
         self.clock.at(told + c.message_s, call.done.succeed)
-        # the scheduler learns of a lone call's ending only after the done wait
-        wait = c.done_wait_s + c.done_wait_host_s * call.schedule.n_hosts if call.lone else 0.0
+        # the scheduler learns of a lone call's ending only after the done wait (per ending it takes)
+        wait = c.done_wait_s + c.done_wait_host_s * (n if r is None else r.messages) if call.lone else 0.0
         if wait > 0:
             self.clock.at(now + wait, self._learned, call)
         else:
@@ -427,10 +474,11 @@ class Simulation:
 
 def simulate(topology: Topology, clients: Iterable[ClientScript], costs: CostModel | None = None,
              policy: str = "fifo", until: float | None = None, trace_gangs: int = 20000,
-             window: tuple[float, float] | None = None) -> SimResult:
+             window: tuple[float, float] | None = None, fanout: Fanout | None = None) -> SimResult:
     """Simulate ``clients`` on ``topology``: the real lowering, policies and link model on a
     virtual clock. ``window``: the span over which each client's device time is summed
-    (``stats["clients"][id]["busy_s"]``).
+    (``stats["clients"][id]["busy_s"]``); ``fanout``: the relay trees' shape (default: the
+    dask config's ``pathdask.fanout``; :meth:`Fanout.off` for none).
 
     Examples
     --------
@@ -438,7 +486,7 @@ def simulate(topology: Topology, clients: Iterable[ClientScript], costs: CostMod
     >>> result = simulate(topo, [ClientScript("bench", opbyop)])                  # doctest: +SKIP
     >>> result.trace.pathdask.plot()                                              # doctest: +SKIP
     """
-    sim = Simulation(topology, costs, policy, trace_gangs)
+    sim = Simulation(topology, costs, policy, trace_gangs, fanout=fanout)
     sim.engine.window = window
     for c in clients:
         sim.client(c.name, c.script, c.weight)

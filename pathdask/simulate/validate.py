@@ -2,8 +2,12 @@
 
 Real runs use the benchmarks' own functions on a real ``LocalSystem(processes=False)``
 (the default topology for dispatch and tenancy, ``bench pipeline``'s for the
-pipeline); the simulation runs the same programs with the embedded cost model
-(:meth:`CostModel.embedded`: one shared processor, as in that one process).
+pipeline, and one island of :data:`HOSTS` hosts of one device each for the rows
+beyond the calibration's 4 hosts); the simulation runs the same programs with the
+embedded cost model (:meth:`CostModel.embedded`: one shared processor, as in that
+one process). Those rows simulate the relay tree (``pathdask.fanout``) where the
+real runtime uses one: where its scheduler takes fewer program endings per call
+than the call has hosts (:func:`relay_tree_in_runtime`).
 Each row gives both numbers and the relative error; the worst is reported.
 
 Calibration and validation run the real system on one CPU, each run from a settled
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -44,7 +49,10 @@ from ..bench import pipeline as bench_pipeline
 from ..bench import tenancy as bench_tenancy
 from ..bench.dispatch import Kernels, _mc_run, _pathdask_run
 from ..bench.report import table
+from ..protocol import ProgramDone
 from ..system import LocalSystem, default_topology
+from ..topology import Topology
+from .fanout import Fanout
 from .measure import HandlerClock, SpeedMeter
 from .model import CostModel
 from .transformer import pipeline_seconds, spmd_seconds
@@ -189,6 +197,79 @@ def pipeline_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) 
     return rows
 
 
+#: hosts (of one device each, in one island) of the rows beyond the calibration's 4: at the relay
+#: tree's default threshold, and above it
+HOSTS = (8, 16)
+
+
+def relay_tree_in_runtime(system: LocalSystem, run: Callable[[], Any], hosts: int, wait: float = 2.0) -> bool | None:
+    """Whether the real runtime sends the records of ``run``'s calls on ``hosts`` hosts through a
+    relay tree: its scheduler then takes fewer endings of a program than it has hosts (one per
+    tree). Endings may come after the results (the client fetches those from the hosts), so it
+    waits up to ``wait`` seconds for one program's every host's. None where the scheduler's
+    handler of endings cannot be watched."""
+    assert system.cluster is not None
+    handlers = system.cluster.scheduler.plugins["pathdask"].handlers
+    inner = handlers.get(ProgramDone)
+    if inner is None:
+        return None
+    taken: Counter[str] = Counter()
+
+    def counted(worker: str, msg: ProgramDone) -> Any:
+        taken[msg.pid] += 1
+        return inner(worker, msg)
+
+    handlers[ProgramDone] = counted
+    try:
+        run()
+        deadline = time.monotonic() + wait
+        while max(taken.values(), default=0) < hosts and time.monotonic() < deadline:
+            time.sleep(0.02)  # the event loop, in its own thread, takes the endings meanwhile
+    finally:
+        handlers[ProgramDone] = inner
+    return max(taken.values(), default=0) < hosts
+
+
+def hosts_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) -> list[dict[str, Any]]:
+    """OpByOp calls of 1 ms on one island of :data:`HOSTS` hosts of one device: pathdask and the
+    multi-controller, the relay tree simulated where the real runtime has one."""
+    rows: list[dict[str, Any]] = []
+    for hosts in HOSTS:
+        topology = Topology(islands=1, hosts_per_island=hosts, devices_per_host=1)
+        with LocalSystem(topology, processes=False, dashboard_address=None) as system:
+            client = system.client(name="validate")
+            _hosts_rows(rows, costs, small, meter, echo, system, client)
+            client.close()
+    return rows
+
+
+def _hosts_rows(rows: list[dict[str, Any]], costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo,
+                system: LocalSystem, client: Any) -> None:
+    topology = system.topology
+    hosts, k, cost = topology.hosts_per_island, (16 if small else 64), 1e-3
+    kernels, programs = Kernels(cost, k), dispatch_programs(topology, cost, k)
+    mesh = client.mesh({"x": hosts}, island=0)
+    x = client.put(np.zeros(hosts), mesh, P("x"))
+    x.result()
+    runs = {"pathdask": lambda: _pathdask_run(kernels, x, "OpByOp", "parallel"),
+            "multi-controller": lambda: _mc_run(client, kernels, x, "OpByOp")}
+    found = relay_tree_in_runtime(system, runs["pathdask"], hosts)
+    configured = Fanout.from_config()
+    tree = configured.tree_for(hosts) if found is None else found
+    fanout = configured if tree else Fanout.off()
+    for system_name, run in runs.items():
+        run()  # warm-up
+        real = _real(meter, costs, small, run, figure=lambda t: k / t)
+        _row(rows, f"{hosts} hosts x 1 device: dispatch {system_name} OpByOp {cost * 1e3:g} ms", real,
+             [dispatch_rate(topology, c, programs, "OpByOp", k, system_name, fanout)[0] for c in _costs(costs, real)],
+             echo)
+        if system_name == "pathdask":  # the model with and without the tree, at the calibration's speed
+            rows[-1]["relay_tree"] = tree
+            rows[-1]["simulated_at_calibration_by_tree"] = {
+                str(on): dispatch_rate(topology, costs, programs, "OpByOp", k, fanout=f)[0]
+                for on, f in ((True, Fanout(configured.degree, 0)), (False, Fanout.off()))}
+
+
 def far_from_calibration(ratio: float | None, tolerance: float) -> str | None:
     """What to say before validating when the CPU does the meter's work ``ratio`` times as slowly
     as during calibration: more than twice the meter's ``tolerance`` away, where scaling the
@@ -213,7 +294,7 @@ def validate(costs: CostModel | None = None, small: bool = False, echo: Echo = p
         if warning:
             echo(warning)
         rows = (dispatch_rows(costs, small, meter, echo) + tenancy_rows(costs, small, meter, echo)
-                + pipeline_rows(costs, small, meter, echo))
+                + pipeline_rows(costs, small, meter, echo) + hosts_rows(costs, small, meter, echo))
         speed, redone = meter.mean(), meter.redone
     echo(table(["configuration", "real (median)", "real range", "simulated", "relative error", "in range",
                 "at calibration speed"],

@@ -20,6 +20,7 @@ from ..client.tracing import Program, trace_program
 from ..mesh import Mesh
 from ..topology import Topology
 from .abstract import AbstractArray, abstract_mesh
+from .fanout import Fanout
 from .model import CostModel
 from .run import ClientScript, SimResult, Tenant, simulate
 
@@ -46,9 +47,10 @@ def dispatch_programs(topology: Topology, cost: float, k: int, mesh: Mesh | None
 
 
 def dispatch_rate(topology: Topology, costs: CostModel, programs: dict[str, Program], shape: str, k: int,
-                  system: str = "pathdask") -> tuple[float, SimResult]:
+                  system: str = "pathdask", fanout: Fanout | None = None) -> tuple[float, SimResult]:
     """Computations/s of ``k`` computations of ``shape`` on ``system`` (``pathdask`` or
-    ``multi-controller``), timed as the dispatch benchmark times them."""
+    ``multi-controller``), timed as the dispatch benchmark times them; ``fanout``: the relay
+    trees' shape (default: the dask config's)."""
     seconds: list[float] = []
 
     def script(h: Tenant) -> Generator[Any, Any, None]:
@@ -66,7 +68,7 @@ def dispatch_rate(topology: Topology, costs: CostModel, programs: dict[str, Prog
         yield from h.result(call)
         seconds.append(h.now - start)
 
-    result = simulate(topology, [ClientScript("bench", script)], costs)
+    result = simulate(topology, [ClientScript("bench", script)], costs, fanout=fanout)
     return k / seconds[0], result
 
 
@@ -77,7 +79,8 @@ def tenant_program(topology: Topology, cost: float, gangs: int, mesh: Mesh | Non
 
 
 def shares(topology: Topology, costs: CostModel, weights: tuple[float, ...], cost: float, gangs: int,
-           inflight: int, seconds: float, measure: str = "busy_s") -> tuple[list[float], SimResult]:
+           inflight: int, seconds: float, measure: str = "busy_s",
+           fanout: Fanout | None = None) -> tuple[list[float], SimResult]:
     """Each client's share of device time under proportional share, as ``bench tenancy`` measures it:
     of the devices' busy seconds (``measure="busy_s"``), or of the ops begun (``"ops"``: each
     gang's modelled time, as its program's cost counts it)."""
@@ -94,14 +97,15 @@ def shares(topology: Topology, costs: CostModel, weights: tuple[float, ...], cos
             yield from h.result(c)
 
     result = simulate(topology, [ClientScript(f"w{w:g}-{i}", script, w) for i, w in enumerate(weights)], costs,
-                      policy="proportional", window=(0.0, seconds))
+                      policy="proportional", window=(0.0, seconds), fanout=fanout)
     busy = [result.stats["clients"][t.id][measure] for t in result.tenants.values()]
     total = sum(busy) or 1.0
     return [b / total for b in busy], result
 
 
 def throughput(topology: Topology, costs: CostModel, clients: int, cost: float, seconds: float,
-               policy: str = "proportional", prog: Program | None = None) -> tuple[float, SimResult]:
+               policy: str = "proportional", prog: Program | None = None,
+               fanout: Fanout | None = None) -> tuple[float, SimResult]:
     """Aggregate calls/s of ``clients`` clients that each wait for every result (Figure 8)."""
     prog = prog or tenant_program(topology, cost, 1)
     counts = [0] * clients
@@ -115,7 +119,8 @@ def throughput(topology: Topology, costs: CostModel, clients: int, cost: float, 
                     counts[i] += 1
         return script
 
-    result = simulate(topology, [ClientScript(f"t{i}", make(i)) for i in range(clients)], costs, policy=policy)
+    result = simulate(topology, [ClientScript(f"t{i}", make(i)) for i in range(clients)], costs, policy=policy,
+                      fanout=fanout)
     return sum(counts) / seconds, result
 
 
