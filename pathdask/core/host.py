@@ -185,6 +185,9 @@ class HostCore:
         self.endings = Endings()
         #: hosts the scheduler said left (a tree that holds one will not report up)
         self.lost_hosts: set[str] = set()
+        #: programs dropped because a host of theirs left: the scheduler ended them, so their
+        #: endings do not go up a tree (which may be cut)
+        self.cut: OrderedDict[str, None] = OrderedDict()
         self._handlers: dict[type[Message], Any] = {
             Order: lambda m: self.order(m.programs),
             Fan: self.fan,
@@ -252,7 +255,8 @@ class HostCore:
         if order is not None:
             pid, client, slot, parts = order
             devices, prev = parts[0]
-            if slot > self.last_slot and prev not in self.early_orders and self._reports(hosts):
+            if (slot > self.last_slot and prev not in self.early_orders and pid not in self.cut
+                    and self._reports(hosts)):
                 self.endings.start(pid, msg.parent, children, hosts)  # not ordered here already
             out += self.order([(pid, client, devices, slot, prev)])
         if msg.release is not None:
@@ -431,6 +435,9 @@ class HostCore:
         if not isinstance(cause, BaseException):
             cause = DeviceLostError(reason) if host is not None else DispatchError(reason)
         for pid in pids:
+            if host is not None:
+                remember(self.cut, pid, None)
+                self.endings.forget(pid)
             out += self.drop_program(pid, cause)
         return out
 

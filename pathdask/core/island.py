@@ -107,23 +107,19 @@ class SchedulerCore:
         #: output keys forgotten because their owner host left: the other hosts keep their
         #: shards (a client may recover them) until the client lets go of the key
         self.orphans: dict[Any, Output] = {}
-        #: program -> programs not yet ended that read its outputs
-        self.readers: dict[str, int] = {}
-        #: program -> its outputs forgotten while it had readers: released once they end
-        self.deferred: dict[str, list[Output]] = {}
+        #: program -> the programs not yet ended that read its outputs
+        self.readers: dict[str, list[Submission]] = {}
         #: host -> the slot of the last program ordered there (the next one's ``prev``)
         self.last_slot: dict[str, int] = {}
         #: tree program ordered, its first host's report not yet in -> (program, slot, prev per
         #: host): if a host of it is lost, it is ordered again directly on the others
         self.chains: dict[str, tuple[Submission, int, list[int]]] = {}
-        #: tree release sent, not yet reported carried out -> what it releases (sent again
-        #: directly if a host of its tree is lost)
-        self.releasing: dict[str, Output] = {}
+        #: tree release sent, not yet reported carried out -> (its hosts, what it releases),
+        #: sent again directly if a host of its tree is lost
+        self.releasing: dict[str, tuple[list[str], list[tuple[str, int]]]] = {}
         self._releases = 0
         #: calls that reached their hosts through a fan-out tree
         self.fanned = 0
-        #: releases let go by programs that ended, not yet carried out (:meth:`released`)
-        self._due: list[Output] = []
 
     # -- hosts --------------------------------------------------------------------------------
     def host_joined(self, host: str, transport: str | None) -> list[Instruction]:
@@ -153,8 +149,8 @@ class SchedulerCore:
             if sub.pid not in self.order.inflight:
                 affected.append(sub)  # its client closed: it left the order, but may not have reached its hosts
         slotted += [t for sub, *_ in trees for t in self.order.finish(sub.pid)]
-        out += [i for ack, o in list(self.releasing.items()) if host in o.hosts
-                for i in self._release(self.releasing.pop(ack), direct=True)]
+        out += [i for ack, (hosts, _) in list(self.releasing.items()) if host in hosts
+                for i in self._release_to(*self.releasing.pop(ack), direct=True)]
         if affected and failing:
             reason = f"host {host} ({describe}) left the cluster while this program used it"
             logger.warning("pathdask: %s; failing %d program(s)", reason, len(affected))
@@ -217,10 +213,10 @@ class SchedulerCore:
         for key, addr, j in info["outputs"]:
             self.output_owners[as_key(key)] = Output(pid, j, addr, hosts if shared else (addr,), client)
         deps = frozenset(info.get("deps", ()))
-        for producer in deps:
-            self.readers[producer] = self.readers.get(producer, 0) + 1
         sub = Submission(pid, client, hosts, info.get("cost", 0.0), deps,
                          (next(iter(hosts)),) if self.ordering and self.fans(hosts) else None)
+        for producer in deps:
+            self.readers.setdefault(producer, []).append(sub)
         if not hosts:  # nothing to run anywhere: it ends at once
             self._ended(sub)
             return [Progress()]
@@ -269,23 +265,13 @@ class SchedulerCore:
         return [Send(addr, DropPrograms([pid], reason, cause=cause)) for addr in sub.hosts]
 
     def _ended(self, sub: Submission) -> None:
-        """``sub`` left the order: the outputs it read and whose keys were forgotten go now
-        (they are carried out with the next instructions, see :meth:`released`)."""
+        """``sub`` left the order: it reads nothing more."""
         for producer in sub.deps:
-            left = self.readers.get(producer, 0) - 1
-            if left > 0:
-                self.readers[producer] = left
-                continue
-            self.readers.pop(producer, None)
-            self._due.extend(self.deferred.pop(producer, ()))
-
-    def released(self) -> list[Instruction]:
-        """The releases that programs ending since the last call let go (the adapter asks
-        after each event, so that nothing waits)."""
-        if not self._due:
-            return []
-        due, self._due = self._due, []
-        return [i for o in due for i in self._release(o)]
+            readers = self.readers.get(producer)
+            if readers is not None:
+                readers.remove(sub)
+                if not readers:
+                    del self.readers[producer]
 
     def key_forgotten(self, key: Any, owner_left: bool = False) -> list[Instruction]:
         """The scheduler forgot an output key: its hosts free the buffers it owned, once the
@@ -296,9 +282,6 @@ class SchedulerCore:
             return []
         if owner_left and len(out.hosts) > 1:
             self.orphans[key] = out
-            return []
-        if out.pid in self.readers:
-            self.deferred.setdefault(out.pid, []).append(out)
             return []
         return self._release(out)
 
@@ -311,17 +294,36 @@ class SchedulerCore:
                 out += self._release(orphan)
         return out
 
-    def _release(self, out: Output, direct: bool = False) -> list[Instruction]:
-        """Free output ``out``'s buffers on its live hosts (with Dask's next message: nothing
-        waits), down a tree until its first host reports it carried out, or ``direct``."""
-        hosts = [a for a in out.hosts if a in self.hosts]
+    def _release(self, out: Output) -> list[Instruction]:
+        """Free output ``out``'s buffers on its live hosts (with Dask's next message: nothing waits).
+
+        A release must not overtake the dispatch of a program that reads the output, which
+        went to each of its hosts along its own path (a tree, or the scheduler's stream to
+        each): to those hosts the release takes the same path, behind it; to the output's
+        other hosts, its own program's.
+        """
         outputs = [(out.pid, out.output)]
+        instructions: list[Instruction] = []
+        covered: set[str] = set()
+        for reader in self.readers.get(out.pid, ()):
+            hosts = list(reader.hosts)
+            instructions += self._release_to(hosts, outputs, direct=not self.hosts.issuperset(hosts))
+            covered.update(hosts)
+        rest = [a for a in out.hosts if a not in covered]
+        if rest:
+            instructions += self._release_to(rest, outputs, direct=not self.hosts.issuperset(rest))
+        return instructions
+
+    def _release_to(self, hosts: list[str], outputs: list[tuple[str, int]], direct: bool = False
+                    ) -> list[Instruction]:
+        """``outputs`` go on ``hosts`` (the live ones): down a tree of them, kept until its first
+        host reports it carried out, or ``direct``ly to each."""
         if self.fans(hosts) and not direct:
             self._releases += 1
             ack = f"release-{self._releases}"
-            self.releasing[ack] = out
+            self.releasing[ack] = (hosts, outputs)
             return [Send(hosts[0], Fan(hosts, None, self.degree, release=(ack, outputs)), now=False)]
-        return [Send(a, ReleaseOutputs(outputs), now=False) for a in hosts]
+        return [Send(a, ReleaseOutputs(outputs), now=False) for a in hosts if a in self.hosts]
 
     # -- orders -------------------------------------------------------------------------------
     def _chain(self, sub: Submission, slot: int) -> list[int]:

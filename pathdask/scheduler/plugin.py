@@ -360,9 +360,6 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
                 self.progress.set()
             else:  # pragma: no cover - a new instruction without its executor
                 raise TypeError(f"PathwaysScheduler cannot carry out {ins!r}")
-        released = self.core.released()  # outputs that programs ending now no longer read
-        if released:
-            self.apply(released)
 
     def tell(self, addr: str, msg: Message, now: bool = True) -> bool:
         """Send a record on the scheduler's stream to host ``addr``; ``False`` if the host is gone.
