@@ -470,7 +470,7 @@ def test_small_validation_runs_the_model_at_each_real_runs_speed(monkeypatch: py
     costs = replace(CostModel.load(), reference_s=1e-3)
     out = validate(costs, small=True, echo=lambda _: None)
     rows = {r["configuration"]: r for r in out["rows"]}
-    assert out["reference_s"] > 0 and out["speed_ratio_at_start"] > 0 and len(rows) == 22
+    assert out["reference_s"] > 0 and out["speed_ratio_at_start"] > 0 and len(rows) == 24
     for r in rows.values():
         assert len(r["reference_s"]) == len(r["real_runs"]) == 1 and r["reference_s"][0] > 0
     opbyop = rows["dispatch pathdask OpByOp 1 ms"]
@@ -485,9 +485,12 @@ def test_small_validation_runs_the_model_at_each_real_runs_speed(monkeypatch: py
     waiting = [r for name, r in rows.items() if "waiting on results" in name]
     assert waiting and all(len(r["handler_cpu_s"]) == 1 and 0 < r["handler_cpu_s"][0] < 0.1 for r in waiting)
     assert all("handler_cpu_s" not in r for name, r in rows.items() if "waiting on results" not in name)
-    # one island of 8 and of 16 hosts: the relay tree simulated where the real runtime has one, never at 8
+    # one island of 8 and of 16 hosts: above the default threshold (4), the real calls went down trees
+    # (the row checks it), and so do the simulated ones
     at = {h: rows[f"{h} hosts x 1 device: dispatch pathdask OpByOp 1 ms"] for h in (8, 16)}
-    assert at[8]["relay_tree"] is False and isinstance(at[16]["relay_tree"], bool)
+    assert all(r["tree"] is True and r["fanout"] == {"degree": 4, "threshold": 4} for r in at.values())
+    # and the same calls with the scheduler's threshold above the hosts, in the runtime and the model
+    assert all(rows[f"{h} hosts x 1 device: dispatch pathdask OpByOp 1 ms, no tree"]["tree"] is False for h in (8, 16))
     assert all(set(r["simulated_at_calibration_by_tree"]) == {"True", "False"} for r in at.values())
 
 
