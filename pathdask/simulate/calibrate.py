@@ -341,7 +341,7 @@ def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     if slope < 0:
         return max(float(np.mean(ys)), 0.0), 0.0
     if intercept < 0:
-        return 0.0, float(np.dot(xs, ys) / np.dot(xs, xs))
+        return 0.0, max(float(np.dot(xs, ys) / np.dot(xs, xs)), 0.0)
     return float(intercept), float(slope)
 
 
