@@ -347,12 +347,28 @@ def test_calibration_measures_every_cost_on_the_real_system_and_the_model_runs_o
         assert all(timed.get(n, 0) > 0 for n in ("call", "opbyop", "take", "dispatch1", "dispatchk", "chained",
                                                  "fused", "single", "result", "lone", "mc")), timed
     assert costs.reference_s == raw["reference_s"] > 0
+    # the fan-out trees, on a system of 8 hosts: each mesh's calls sent directly, then down trees
+    tree = raw["tree"]
+    for hosts in ("2", "4", "8"):
+        assert tree[hosts]["direct"]["fanned"] == 0 and tree[hosts]["tree"]["fanned"] == 1
+        assert tree[hosts]["tree"]["fan"] > 0 and tree[hosts]["tree"]["subtree"] > 0 and tree[hosts]["direct"]["fan"] == 0
+    assert costs.relay_forward_s > 0 and costs.relay_done_s > 0 and "measured with the rest" in costs.source["fanout"]
     # the handler's take-in is measured, and is a part of the scheduler's CPU per call
     take, after = costs.scheduler_s(2)
     assert 0 < take < take + after and costs.scheduler_s(2, lone=True)[1] == 0.0
     topo = default_topology()
     rate, _ = dispatch_rate(topo, costs.embedded(), dispatch_programs(topo, 1e-3, 16), "OpByOp", 16)
     assert 0 < rate < 1e3  # at most one 1 ms gang per ms
+
+
+def test_a_calibration_line_never_gives_a_negative_cost() -> None:
+    """Noise can tilt a fitted line below zero, at its intercept or everywhere: costs stay at least 0."""
+    from pathdask.simulate.calibrate import _line
+
+    assert _line([1, 2, 4], [1.0, 2.0, 4.0]) == pytest.approx((0.0, 1.0))
+    assert _line([1, 2, 4], [-1.0, -2.0, -3.0]) == (0.0, 0.0)  # falling: the mean, at least 0
+    assert _line([1, 2, 4], [-3.0, -2.0, -1.5]) == (0.0, 0.0)  # rising, but below 0 throughout
+    assert _line([1, 2, 4], [0.5, 2.0, 5.0])[0] == 0.0
 
 
 def test_a_processor_runs_work_in_the_free_time_around_work_booked_ahead() -> None:
@@ -470,7 +486,7 @@ def test_small_validation_runs_the_model_at_each_real_runs_speed(monkeypatch: py
     costs = replace(CostModel.load(), reference_s=1e-3)
     out = validate(costs, small=True, echo=lambda _: None)
     rows = {r["configuration"]: r for r in out["rows"]}
-    assert out["reference_s"] > 0 and out["speed_ratio_at_start"] > 0 and len(rows) == 22
+    assert out["reference_s"] > 0 and out["speed_ratio_at_start"] > 0 and len(rows) == 24
     for r in rows.values():
         assert len(r["reference_s"]) == len(r["real_runs"]) == 1 and r["reference_s"][0] > 0
     opbyop = rows["dispatch pathdask OpByOp 1 ms"]
@@ -485,10 +501,12 @@ def test_small_validation_runs_the_model_at_each_real_runs_speed(monkeypatch: py
     waiting = [r for name, r in rows.items() if "waiting on results" in name]
     assert waiting and all(len(r["handler_cpu_s"]) == 1 and 0 < r["handler_cpu_s"][0] < 0.1 for r in waiting)
     assert all("handler_cpu_s" not in r for name, r in rows.items() if "waiting on results" not in name)
-    # one island of 8 and of 16 hosts: the relay tree simulated where the real runtime has one, never at 8
+    # one island of 8 and of 16 hosts: above the default threshold (4), the real calls went down trees
+    # (the row checks it), and so do the simulated ones
     at = {h: rows[f"{h} hosts x 1 device: dispatch pathdask OpByOp 1 ms"] for h in (8, 16)}
-    assert at[8]["relay_tree"] is False and isinstance(at[16]["relay_tree"], bool)
-    assert all(set(r["simulated_at_calibration_by_tree"]) == {"True", "False"} for r in at.values())
+    assert all(r["tree"] is True and r["fanout"] == {"degree": 4, "threshold": 4} for r in at.values())
+    # and the same calls with the scheduler's threshold above the hosts, in the runtime and the model
+    assert all(rows[f"{h} hosts x 1 device: dispatch pathdask OpByOp 1 ms, no tree"]["tree"] is False for h in (8, 16))
 
 
 def test_validation_warns_before_it_starts_when_the_cpu_runs_far_from_the_calibrations_speed() -> None:

@@ -4,10 +4,10 @@ The real tracing and lowering (``trace_program``, ``lower``), the real island
 scheduler and its policies, and the real link model run against a
 discrete-event clock (simpy) instead of device threads and sockets; the
 control plane's costs come from a calibration of the real embedded system
-(:class:`CostModel`). In islands of more than ``pathdask.fanout.threshold`` hosts
-a call's records go down a relay tree and its endings come back up it
-(:class:`Fanout`, :mod:`.fanout`). The output is the trace ``Dataset`` and the
-stats a real run gives.
+(:class:`CostModel`). A call on more than ``pathdask.fanout.threshold`` hosts
+goes down a fan-out tree of its own hosts and its endings come back up it, as in
+the runtime (:class:`Fanout`, :mod:`.fanout`). The output is the trace
+``Dataset`` and the stats a real run gives.
 
 Examples
 --------

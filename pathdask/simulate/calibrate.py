@@ -31,16 +31,12 @@ times, on meshes of 1, 2 and 4 hosts (each cost is a least-squares line over the
   and a wait per host; and how long after its last host ended it the scheduler learns
   of it (the done wait: the hosts' and the scheduler's handlers are wrapped with timers);
 - the multi-controller loop: a host's cost to register a program itself;
-- throughout, the scheduler plugin's own CPU per call by part (its ``CallMeter``): of
-  its growth per host, the share that is each host's ending (``ended``), by which a
-  relay's CPU per child splits between forwarding and taking endings (below).
+- throughout, the scheduler plugin's own CPU per call by part (its ``CallMeter``).
 
-The relay tree (``pathdask.fanout``, :mod:`.fanout`) is not in the runtime measured here:
-its scheduler sends each host its records itself, and the calibration's island of 4
-hosts is below the tree's threshold anyway. Its costs are derived from the per-host
-ones: the scheduler's per call and tree is what one host cost it (``scheduler_tree_s``
-= ``scheduler_host_s``), and a relay pays per child what the scheduler paid per host,
-split by the metered share of the endings (:func:`fit`).
+Every call above goes to each of its hosts directly (the scheduler's fan-out threshold
+is set above the meshes' hosts while they run). The fan-out trees' costs are measured
+on a system of their own, one island of 8 hosts of one device, each call sent directly
+and down a tree in turn (:mod:`.calibrate_tree`), and fitted with the costs above.
 
 A :class:`~.measure.SpeedMeter` runs throughout: a repeat made while the CPU ran
 more than 15% away from its mean speed so far is made again (up to three
@@ -55,8 +51,10 @@ from __future__ import annotations
 
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -67,6 +65,7 @@ from ..bench.multicontroller import run_multicontroller
 from ..bench.tenancy import _throughput
 from ..protocol import ProgramDone
 from ..system import LocalSystem
+from . import calibrate_tree
 from .measure import SpeedMeter, timed, wrap_dispatch
 from .model import RELAY_DONE_SHARE, CostModel
 from .schedule import body_seconds
@@ -254,12 +253,14 @@ def measure(k: int = 64, repeats: int = 5, echo: Echo = print) -> dict[str, Any]
     raw: dict[str, Any] = {}
     with SpeedMeter() as meter:
         _measure_all(topology, raw, k, repeats, meter, echo)
+        tree = calibrate_tree.measure(k, repeats, meter, echo)
         reference = meter.mean()
     echo(f"  the speed meter's work took {reference * 1e3:.3f} ms of CPU (at its mean speed); {meter.redone} measurement(s) "
          f"made again, the CPU having run more than {meter.tolerance:.0%} away from that")
     raw["redone"] = meter.redone
     for hosts in HOSTS:  # from seconds per reference second to seconds at the mean speed
         raw[str(hosts)].update({n: v * reference for n, v in raw[str(hosts)].items() if n not in NOT_TIMED})
+    raw["tree"] = calibrate_tree.in_seconds(tree, reference)
     raw["reference_s"] = reference
     raw["k"] = k
     raw["topology"] = topology.to_dict()
@@ -268,6 +269,9 @@ def measure(k: int = 64, repeats: int = 5, echo: Echo = print) -> dict[str, Any]
 
 def _measure_all(topology: Any, raw: dict[str, Any], k: int, repeats: int, meter: SpeedMeter, echo: Echo) -> None:
     with LocalSystem(topology, processes=False, dashboard_address=None) as system:
+        assert system.cluster is not None
+        # every call to each of its hosts directly: the trees are measured apart (calibrate_tree)
+        system.cluster.scheduler.plugins["pathdask"].core.threshold = sys.maxsize
         timers = {"dispatch": _timed_dispatch(system), "take": _timed_take(system)}
         endings = _Endings(system)
         client = system.client(name="calibrate")
@@ -335,15 +339,15 @@ def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     """Least-squares intercept and slope, each at least 0 (a negative one is noise)."""
     slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
     if slope < 0:
-        return float(np.mean(ys)), 0.0
+        return max(float(np.mean(ys)), 0.0), 0.0
     if intercept < 0:
-        return 0.0, float(np.dot(xs, ys) / np.dot(xs, xs))
+        return 0.0, max(float(np.dot(xs, ys) / np.dot(xs, xs)), 0.0)
     return float(intercept), float(slope)
 
 
 def fit(raw: dict[str, Any]) -> CostModel:
     """The cost model that reproduces ``raw`` (see the module docstring), by least squares over
-    the meshes of 1, 2 and 4 hosts."""
+    the meshes of 1, 2 and 4 hosts, and the trees' (:func:`.calibrate_tree.fit`)."""
     k = raw["k"]
     hosts = [int(h) for h in raw if h.isdigit()]
     r = {h: raw[str(h)] for h in hosts}
@@ -417,14 +421,7 @@ def fit(raw: dict[str, Any]) -> CostModel:
     mc = max(statistics.median((r[h]["mc"] - own(h)) / h for h in hosts), 0.0)
     mc_op = host_op
     mc_call = max(mc - mc_op * dph, 0.0)
-    # The relay tree: this runtime sends every host its records itself, so nothing here measures a
-    # relay. Its costs are derived from the scheduler's per host: per call and tree the scheduler pays
-    # what one host cost it (one record out, one ending in, one output key), and a relay pays per
-    # child what the scheduler paid per host, split between the forward and the ending by the
-    # endings' share of the plugin's own growth per host (CallMeter: ``ended`` of all its parts).
-    # That keeps the per-host key work in the forward, which a relay does not do: an upper bound.
-    done_share = relay_done_share(r)
-    return CostModel(client_call_s=client_call, client_host_s=client_host, scheduler_call_s=sched_call,
+    costs = CostModel(client_call_s=client_call, client_host_s=client_host, scheduler_call_s=sched_call,
                      scheduler_host_s=sched_host, scheduler_take_s=take_call, scheduler_take_host_s=take_host,
                      host_dispatch_s=host_dispatch, host_op_s=host_op,
                      device_op_s=device_op, exchange_s=exchange, exchange_host_s=exchange_host, message_s=message, result_s=result,
@@ -432,15 +429,21 @@ def fit(raw: dict[str, Any]) -> CostModel:
                      late_order_host_s=late_order_host, late_order_waiting_s=waiting, done_wait_s=done_wait,
                      done_wait_host_s=done_wait_host,
                      lone_done_host_s=lone_done_host, lone_done_share=share, mc_call_s=mc_call, mc_op_s=mc_op,
-                     scheduler_tree_s=sched_host, relay_forward_s=sched_host * (1 - done_share),
-                     relay_done_s=sched_host * done_share,
                      reference_s=raw.get("reference_s", 0.0), shared_cpu=False, source=_source(raw))
+    if "tree" not in raw:  # measured before the trees were: their costs derived from the per-host ones
+        done_share = relay_done_share(r)
+        return replace(costs, scheduler_tree_s=sched_host, relay_forward_s=sched_host * (1 - done_share),
+                       relay_done_s=sched_host * done_share, relay_root_s=0.0)
+    tree = calibrate_tree.fit(raw["tree"], costs)
+    source = {**costs.source, "fanout": calibrate_tree.describe(tree, raw["tree"], "measured with the rest")}
+    return calibrate_tree.with_tree(costs, tree, source)
 
 
 def relay_done_share(r: dict[int, dict[str, float]]) -> float:
     """Of the scheduler plugin's own CPU per call, the share of its growth per host that is the
     hosts' endings, fitted over the meshes ``r`` (:data:`~.model.RELAY_DONE_SHARE` where not
-    measured, or where nothing grew)."""
+    measured, or where nothing grew): how a calibration without the trees' own timings splits
+    their derived costs."""
     hosts = sorted(h for h in r if "meter_ended" in r[h] and "meter_rest" in r[h])
     if len(hosts) < 2:
         return RELAY_DONE_SHARE
@@ -459,9 +462,7 @@ def _source(raw: dict[str, Any]) -> dict[str, Any]:
             "machine": f"{platform.machine()}, {os.cpu_count()} CPU(s), {platform.system()} "
                        f"{platform.release()}", "python": platform.python_version(),
             "dask": dask.__version__, "distributed": distributed.__version__,
-            "system": "LocalSystem(processes=False), 1 island x 4 hosts x 2 devices", "raw": raw,
-            "fanout": "the relay tree's costs derived from the per-host ones and the plugin's metered share "
-                      "of endings (no relay tree in the runtime measured; see calibrate.fit)"}
+            "system": "LocalSystem(processes=False), 1 island x 4 hosts x 2 devices", "raw": raw}
 
 
 def calibrate(path: str | None = None, k: int = 64, repeats: int = 5, echo: Echo = print) -> CostModel:

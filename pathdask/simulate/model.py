@@ -116,19 +116,24 @@ class CostModel:
         then: a late program costs more the more clients wait (the policy looks at each of their
         queues, and fewer of the control plane's messages share a turn of its loop).
     scheduler_tree_s
-        Scheduler CPU per call and island relay tree, in place of ``scheduler_host_s`` per host
-        of that island (:mod:`.fanout`): one dispatch and one order to the root, one ending
-        from it, one output key per program output instead of one per host. Of it, its handler
-        takes in as for one host (``scheduler_take_host_s``). By default (NaN) ``scheduler_host_s``:
-        what a call's one host cost the scheduler without a tree.
+        Scheduler CPU per call that goes down a fan-out tree (:mod:`.fanout`: a call on more
+        than ``pathdask.fanout.threshold`` hosts), in place of ``scheduler_host_s`` per host:
+        the call's records to its first host, its one ending from it, its output keys and
+        releases. Of it, its handler takes in as for one host (``scheduler_take_host_s``). By
+        default (NaN) ``scheduler_host_s``: what one host of a call cost the scheduler without
+        a tree.
     relay_forward_s, relay_done_s
-        A relay host's CPU per child it forwards a record to (a call's dispatch with its order,
-        or an order sent apart), and per child whose ending it takes before reporting its
-        subtree's. A relay pays per child about what the scheduler paid per host without the
-        tree: by default (NaN) ``scheduler_host_s`` split by :data:`RELAY_DONE_SHARE`, the share
-        of the scheduler's own work per host that is the host's ending (``CallMeter``'s
-        ``ended``; the rest, its records out and its output key, goes with the forward). That
-        keeps in the per-host key work, which a relay does not do: an upper bound.
+        A host's CPU per child in a call's tree: to forward the call's records (its call, its
+        order, its output's release) to the child, the child's reading them included, and to
+        take the child's endings (the program's and the release's), the child's report
+        included. Measured by ``pathdask simulate --calibrate`` (:mod:`.calibrate_tree`). By
+        default (NaN) ``scheduler_host_s`` split by :data:`RELAY_DONE_SHARE` (what the
+        scheduler paid per host, an upper bound, for calibrations made before the runtime
+        had trees).
+    relay_root_s
+        A tree call's first host's CPU per call beyond its own part and its children (its
+        records come one at a time, where calls' dispatches without a tree come a slice at
+        a time). By default (NaN) 0.
     mc_call_s, mc_op_s
         Multi-controller: a host's CPU per program it runs from its own loop, and per op
         of it. Its loop registers each (as a dispatch does: ``host_dispatch_s`` and
@@ -170,6 +175,7 @@ class CostModel:
     scheduler_tree_s: float = math.nan
     relay_forward_s: float = math.nan
     relay_done_s: float = math.nan
+    relay_root_s: float = math.nan
     mc_call_s: float = 50e-6
     mc_op_s: float = 10e-6
     reference_s: float = 0.0
@@ -177,10 +183,10 @@ class CostModel:
     source: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        # the relay tree's costs left NaN (say, by a calibration made before them): from the per-host ones
+        # the trees' costs left NaN (a calibration made before the runtime had trees): from the per-host ones
         derived = {"scheduler_tree_s": self.scheduler_host_s,
                    "relay_forward_s": self.scheduler_host_s * (1 - RELAY_DONE_SHARE),
-                   "relay_done_s": self.scheduler_host_s * RELAY_DONE_SHARE}
+                   "relay_done_s": self.scheduler_host_s * RELAY_DONE_SHARE, "relay_root_s": 0.0}
         for name, value in derived.items():
             if isinstance(getattr(self, name), float) and math.isnan(getattr(self, name)):
                 object.__setattr__(self, name, value)
@@ -194,14 +200,14 @@ class CostModel:
                              f"and shares in [0, 1], got {self.lone_done_share!r}")
         object.__setattr__(self, "lone_done_share", points)
 
-    def scheduler_s(self, hosts: int, lone: bool = False, trees: int = 0) -> tuple[float, float]:
-        """The scheduler's CPU for a call of a program on ``hosts`` hosts that it sends its records
-        to itself, and through ``trees`` islands' relay trees: what its handler spends taking the
+    def scheduler_s(self, hosts: int, lone: bool = False, tree: bool = False) -> tuple[float, float]:
+        """The scheduler's CPU for a call of a program on ``hosts`` hosts, which it sends to each
+        host itself, or (``tree``) down a fan-out tree of them: what its handler spends taking the
         call in, and what comes once the call's dispatches went (none if ``lone``)."""
-        whole = self.scheduler_call_s + self.scheduler_host_s * hosts + self.scheduler_tree_s * trees
+        whole = self.scheduler_call_s + (self.scheduler_tree_s if tree else self.scheduler_host_s * hosts)
         if lone:
             return whole + self.lone_call_s, 0.0
-        take = min(self.scheduler_take_s + self.scheduler_take_host_s * (hosts + trees), whole)
+        take = min(self.scheduler_take_s + self.scheduler_take_host_s * (1 if tree else hosts), whole)
         return take, whole - take
 
     def lone_done_at(self, stretch: float) -> float:

@@ -22,10 +22,11 @@ from the :class:`~.model.CostModel`:
    scheduler the lone-done CPU first; a call that travelled alone waits the lone
    wait per host, and the scheduler learns of its ending only after the done wait.
 
-In an island of more than ``pathdask.fanout.threshold`` hosts (``fanout``) the
-records of legs 2 and 3 go down the island's relay tree and the endings of leg 4
-come back up it (:mod:`.fanout`): the scheduler's CPU per call no longer grows with
-its hosts, and each leg takes a message's latency per level of the tree.
+A call on more than ``pathdask.fanout.threshold`` hosts (``fanout``) sends the
+records of legs 2 and 3 down a tree of its own hosts and its endings of leg 4 come
+back up it, as the runtime does (:mod:`.fanout`): the scheduler's CPU per call no
+longer grows with its hosts, the hosts pay per child in the tree, and each leg takes
+a message's latency per level of the tree.
 
 The multi-controller baseline (:meth:`Tenant.mc`) is what
 ``bench/multicontroller.py`` runs: each host registers the same programs with its
@@ -248,7 +249,7 @@ class Simulation:
                  trace_gangs: int = 20000, overlap: bool = True, fanout: Fanout | None = None) -> None:
         self.topology = topology
         self.costs = costs if costs is not None else CostModel.load()
-        #: the relay trees' shape (by default the dask config's ``pathdask.fanout``)
+        #: the fan-out trees' shape (by default the dask config's ``pathdask.fanout``)
         self.fanout = fanout if fanout is not None else Fanout.from_config()
         self._routes: dict[int, tuple[Schedule, Route | None]] = {}  # id -> (schedule, its route)
         self.clock = Clock()
@@ -272,19 +273,16 @@ class Simulation:
         return compile_schedule(program, self.topology, self.overlap)
 
     def route(self, sched: Schedule) -> Route | None:
-        """The relay trees a call of ``sched`` goes through (None: none, the scheduler sends to
+        """The fan-out tree a call of ``sched`` goes down (None: none, the scheduler sends to
         and hears from each host itself)."""
         known = self._routes.get(id(sched))
         if known is None:
-            known = self._routes[id(sched)] = (sched, route(sched.hosts, self.topology, self.fanout))
+            known = self._routes[id(sched)] = (sched, route(sched.hosts, self.fanout))
         return known[1]
 
     def _scheduler_s(self, call: Call) -> tuple[float, float]:
-        """The scheduler's CPU for ``call`` (:meth:`CostModel.scheduler_s`): per host, or per relay tree."""
-        r = self.route(call.schedule)
-        if r is None:
-            return self.costs.scheduler_s(call.schedule.n_hosts, call.lone)
-        return self.costs.scheduler_s(0, call.lone, trees=r.messages)
+        """The scheduler's CPU for ``call`` (:meth:`CostModel.scheduler_s`): per host, or per tree."""
+        return self.costs.scheduler_s(call.schedule.n_hosts, call.lone, tree=self.route(call.schedule) is not None)
 
     def client(self, name: str, script: Script, weight: float = 1.0) -> Tenant:
         """Add a client running ``script``."""
@@ -378,11 +376,11 @@ class Simulation:
         for slot, sub in slotted:
             call = self.calls[sub.pid]
             order_at = now + c.message_s  # the order goes with the call's dispatch
-            if late:  # sent, then taken in by each host
+            if late:  # sent, then taken in by each host (down a tree: its forwards' CPU is the call's)
                 hosts, r = call.schedule.hosts, self.route(call.schedule)
                 at, own = self.scheduler_cpu.book(now, sent) + c.message_s, np.full(len(hosts), c.late_order_host_s)
-                order_at = float((self.hosts.book(hosts, at, own) if r is None else r.descend(self.hosts, at, own, c))
-                                 .max())
+                order_at = float((self.hosts.book(hosts, at, own) if r is None
+                                  else r.descend(self.hosts, at, own, c, forward_s=0.0)).max())
             call.slot, call.order_at = slot, order_at
             self.order.append(call)
         self._advance()
@@ -410,12 +408,12 @@ class Simulation:
             r = self.route(call.schedule)
             if r is None:
                 self.clock.at(float(ends.max()) + self.costs.message_s, self._program_done, call)
-            else:  # up the trees, from when its first host ended
+            else:  # up the tree, from when its first host ended
                 self.clock.at(float(ends.min()), self._ascend, call, ends, r)
 
     def _ascend(self, call: Call, ends: np.ndarray, r: Route) -> None:
-        """``call``'s endings go up its relay trees (:meth:`Route.ascend`), each host that reports
-        paying its share of the lone-done CPU; the scheduler has them once the last root reported."""
+        """``call``'s endings go up its tree (:meth:`Route.ascend`), each host that reports paying
+        its share of the lone-done CPU; the scheduler has them once the first host reported."""
         share = 0.0 if call.lone else self._ends_alone(call.schedule)
         told = r.ascend(self.hosts, ends, share * self.costs.lone_done_host_s, self.costs)
         self.clock.at(told, self._program_done, call, share)
@@ -432,7 +430,7 @@ class Simulation:
             own = [len(st.devs) * own_seconds(st, c) for st in kernels]
             relays, busiest = r.relay_cpu(c) if r is not None else (0.0, 0.0)
             parts = [c.client_call_s + c.client_host_s * n,
-                     sum(c.scheduler_s(n) if r is None else c.scheduler_s(0, trees=r.messages)),
+                     sum(c.scheduler_s(n, tree=r is not None)),
                      n * c.host_dispatch_s + c.host_op_s * float(sched.ops_per_host.sum()), sum(own), relays]
             cpu = sum(parts) if self.costs.shared_cpu else max(parts[0], parts[1], parts[2] / n, busiest,
                                                                sum(own) / max(len(sched.devices), 1))
@@ -442,7 +440,7 @@ class Simulation:
 
     def _program_done(self, call: Call, up: float | None = None) -> None:
         """The scheduler has ``call``'s endings: each host's, or (``up``: the share of the lone-done
-        CPU its hosts paid on the way) its relay trees' roots'."""
+        CPU its hosts paid on the way) its tree's first host's."""
         c, now, r = self.costs, self.clock.now, self.route(call.schedule)
         call.done_at = told = now
         n = call.schedule.n_hosts
@@ -458,7 +456,7 @@ class Simulation:
         assert call.done is not None
         self.clock.at(told + c.message_s, call.done.succeed)
         # the scheduler learns of a lone call's ending only after the done wait (per ending it takes)
-        wait = c.done_wait_s + c.done_wait_host_s * (n if r is None else r.messages) if call.lone else 0.0
+        wait = c.done_wait_s + c.done_wait_host_s * (n if r is None else 1) if call.lone else 0.0
         if wait > 0:
             self.clock.at(now + wait, self._learned, call)
         else:
@@ -477,7 +475,7 @@ def simulate(topology: Topology, clients: Iterable[ClientScript], costs: CostMod
              window: tuple[float, float] | None = None, fanout: Fanout | None = None) -> SimResult:
     """Simulate ``clients`` on ``topology``: the real lowering, policies and link model on a
     virtual clock. ``window``: the span over which each client's device time is summed
-    (``stats["clients"][id]["busy_s"]``); ``fanout``: the relay trees' shape (default: the
+    (``stats["clients"][id]["busy_s"]``); ``fanout``: the fan-out trees' shape (default: the
     dask config's ``pathdask.fanout``; :meth:`Fanout.off` for none).
 
     Examples

@@ -5,9 +5,10 @@ Real runs use the benchmarks' own functions on a real ``LocalSystem(processes=Fa
 pipeline, and one island of :data:`HOSTS` hosts of one device each for the rows
 beyond the calibration's 4 hosts); the simulation runs the same programs with the
 embedded cost model (:meth:`CostModel.embedded`: one shared processor, as in that
-one process). Those rows simulate the relay tree (``pathdask.fanout``) where the
-real runtime uses one: where its scheduler takes fewer program endings per call
-than the call has hosts (:func:`relay_tree_in_runtime`).
+one process). The simulation of those rows takes the real scheduler's fan-out trees
+(``pathdask.fanout``: its degree and threshold, :func:`runtime_fanout`), and each row
+checks that the real calls went down trees exactly where the model sends them
+(:func:`fanned`).
 Each row gives both numbers and the relative error; the worst is reported.
 
 Calibration and validation run the real system on one CPU, each run from a settled
@@ -36,8 +37,8 @@ machine's speed, not in the system's work.
 from __future__ import annotations
 
 import math
+import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -49,7 +50,6 @@ from ..bench import pipeline as bench_pipeline
 from ..bench import tenancy as bench_tenancy
 from ..bench.dispatch import Kernels, _mc_run, _pathdask_run
 from ..bench.report import table
-from ..protocol import ProgramDone
 from ..system import LocalSystem, default_topology
 from ..topology import Topology
 from .fanout import Fanout
@@ -197,42 +197,33 @@ def pipeline_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) 
     return rows
 
 
-#: hosts (of one device each, in one island) of the rows beyond the calibration's 4: at the relay
-#: tree's default threshold, and above it
+#: hosts (of one device each, in one island) of the rows beyond the calibration's 4: above the
+#: fan-out trees' default threshold (4), so that the runtime sends these calls down trees
 HOSTS = (8, 16)
 
 
-def relay_tree_in_runtime(system: LocalSystem, run: Callable[[], Any], hosts: int, wait: float = 2.0) -> bool | None:
-    """Whether the real runtime sends the records of ``run``'s calls on ``hosts`` hosts through a
-    relay tree: its scheduler then takes fewer endings of a program than it has hosts (one per
-    tree). Endings may come after the results (the client fetches those from the hosts), so it
-    waits up to ``wait`` seconds for one program's every host's. None where the scheduler's
-    handler of endings cannot be watched."""
+def runtime_fanout(system: LocalSystem) -> Fanout:
+    """The fan-out trees of the real system's scheduler: its degree and threshold, as it runs
+    (``SchedulerCore``), which the simulation of its rows uses."""
     assert system.cluster is not None
-    handlers = system.cluster.scheduler.plugins["pathdask"].handlers
-    inner = handlers.get(ProgramDone)
-    if inner is None:
-        return None
-    taken: Counter[str] = Counter()
+    core = system.cluster.scheduler.plugins["pathdask"].core
+    return Fanout(int(core.degree), int(core.threshold))
 
-    def counted(worker: str, msg: ProgramDone) -> Any:
-        taken[msg.pid] += 1
-        return inner(worker, msg)
 
-    handlers[ProgramDone] = counted
-    try:
-        run()
-        deadline = time.monotonic() + wait
-        while max(taken.values(), default=0) < hosts and time.monotonic() < deadline:
-            time.sleep(0.02)  # the event loop, in its own thread, takes the endings meanwhile
-    finally:
-        handlers[ProgramDone] = inner
-    return max(taken.values(), default=0) < hosts
+def fanned(client: Any, run: Callable[[], Any]) -> float:
+    """The share of the calls that ``run`` made which the real scheduler sent down a fan-out tree
+    (``device_stats()["scheduler"]``: its ``calls`` and ``fanned``)."""
+    before = client.device_stats()["scheduler"]
+    run()
+    after = client.device_stats()["scheduler"]
+    calls = after["calls"] - before["calls"]
+    return (after["fanned"] - before["fanned"]) / calls if calls else 0.0
 
 
 def hosts_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) -> list[dict[str, Any]]:
-    """OpByOp calls of 1 ms on one island of :data:`HOSTS` hosts of one device: pathdask and the
-    multi-controller, the relay tree simulated where the real runtime has one."""
+    """OpByOp calls of 1 ms on one island of :data:`HOSTS` hosts of one device: pathdask as it runs
+    (down the real scheduler's fan-out trees, and so in the model), pathdask with its scheduler's
+    threshold set above the hosts (no tree, in either), and the multi-controller."""
     rows: list[dict[str, Any]] = []
     for hosts in HOSTS:
         topology = Topology(islands=1, hosts_per_island=hosts, devices_per_host=1)
@@ -245,29 +236,41 @@ def hosts_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) -> 
 
 def _hosts_rows(rows: list[dict[str, Any]], costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo,
                 system: LocalSystem, client: Any) -> None:
+    assert system.cluster is not None
     topology = system.topology
     hosts, k, cost = topology.hosts_per_island, (16 if small else 64), 1e-3
     kernels, programs = Kernels(cost, k), dispatch_programs(topology, cost, k)
     mesh = client.mesh({"x": hosts}, island=0)
     x = client.put(np.zeros(hosts), mesh, P("x"))
     x.result()
-    runs = {"pathdask": lambda: _pathdask_run(kernels, x, "OpByOp", "parallel"),
-            "multi-controller": lambda: _mc_run(client, kernels, x, "OpByOp")}
-    found = relay_tree_in_runtime(system, runs["pathdask"], hosts)
-    configured = Fanout.from_config()
-    tree = configured.tree_for(hosts) if found is None else found
-    fanout = configured if tree else Fanout.off()
-    for system_name, run in runs.items():
-        run()  # warm-up
+    fanout = runtime_fanout(system)
+    core = system.cluster.scheduler.plugins["pathdask"].core
+
+    def direct() -> float:  # the same calls, each host sent its records by the scheduler
+        found = core.threshold
+        core.threshold = sys.maxsize
+        try:
+            return _pathdask_run(kernels, x, "OpByOp", "parallel")
+        finally:
+            core.threshold = found
+
+    # (system, what the row's name adds, the real run, the model's trees)
+    runs = [("pathdask", "", lambda: _pathdask_run(kernels, x, "OpByOp", "parallel"), fanout),
+            ("pathdask", ", no tree", direct, Fanout.off()),
+            ("multi-controller", "", lambda: _mc_run(client, kernels, x, "OpByOp"), fanout)]
+    for system_name, suffix, run, tree in runs:
+        share = fanned(client, run)  # warm-up; it tells whether the calls went down trees
+        if system_name == "pathdask" and share != tree.fans(hosts):
+            raise RuntimeError(f"on {hosts} hosts the real scheduler sent {share:.0%} of the calls down trees; "
+                               f"the model sends {'all' if tree.fans(hosts) else 'none'}")
         real = _real(meter, costs, small, run, figure=lambda t: k / t)
-        _row(rows, f"{hosts} hosts x 1 device: dispatch {system_name} OpByOp {cost * 1e3:g} ms", real,
-             [dispatch_rate(topology, c, programs, "OpByOp", k, system_name, fanout)[0] for c in _costs(costs, real)],
+        _row(rows, f"{hosts} hosts x 1 device: dispatch {system_name} OpByOp {cost * 1e3:g} ms{suffix}", real,
+             [dispatch_rate(topology, c, programs, "OpByOp", k, system_name, tree)[0] for c in _costs(costs, real)],
              echo)
-        if system_name == "pathdask":  # the model with and without the tree, at the calibration's speed
-            rows[-1]["relay_tree"] = tree
-            rows[-1]["simulated_at_calibration_by_tree"] = {
-                str(on): dispatch_rate(topology, costs, programs, "OpByOp", k, fanout=f)[0]
-                for on, f in ((True, Fanout(configured.degree, 0)), (False, Fanout.off()))}
+        if system_name == "pathdask":
+            rows[-1]["tree"] = tree.fans(hosts)
+            if rows[-1]["tree"]:
+                rows[-1]["fanout"] = {"degree": tree.degree, "threshold": tree.threshold}
 
 
 def far_from_calibration(ratio: float | None, tolerance: float) -> str | None:
