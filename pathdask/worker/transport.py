@@ -11,8 +11,10 @@ buffers out of band, without copies. ``pathdask.transport: dask`` switches back 
 Dask's comms (one-way batched streams), which the benchmarks compare.
 
 Clients fetch results on the same transport (``client/fetch.py``): a request
-is answered on its own connection by that connection's receiver thread, once
-the values are computed.
+is answered on its own connection (an :class:`Answer`), once the values are
+computed, by the thread that stored the last of them (a device's): the answer
+leaves as the value is stored, with no thread hand-off. Only a large answer is
+written by the connection's receiver thread, which waits for it meanwhile.
 
 Security follows Dask's own settings. Every connection opens with a secret
 token that the scheduler plugin gave each host and client when it registered
@@ -47,6 +49,9 @@ _LEN = struct.Struct("!Q")
 _CHUNK = 0xFFFFFFFF
 #: the first element of a message that asks for an answer on its connection: ``(REQUEST, request)``
 REQUEST = "request"
+#: seconds between a TLS receiver's checks, while its request waits for its answer, that the
+#: asker is still there (a plain connection's receiver reads on: a hang-up ends the wait at once)
+POLL_S = 1.0
 
 
 def _recv_into(sock: socket.socket, view: memoryview) -> memoryview:
@@ -124,6 +129,60 @@ def _read_payload(sock: socket.socket, size: int, nbuf: int) -> Any:
     return pickle.loads(payload, buffers=buffers)
 
 
+class Answer:
+    """The one answer to a client's request on its connection, given once, from any thread.
+
+    A small answer is written at once by the thread that gives it: a device's, as it stores
+    the last value asked for, so that nothing is handed to another thread on the way back. A
+    ``large`` one is written by another thread, so that no device waits for a slow reader.
+    On a plain connection the receiver thread reads on meanwhile (the asker's hang-up ends the
+    wait at once); a TLS connection is never used by two threads at once, so there the receiver
+    waits for the answer (``given``), and writes a large one itself.
+    """
+
+    __slots__ = ("conn", "write_lock", "lock", "done", "given", "large", "stop")
+
+    def __init__(self, conn: socket.socket, write_lock: threading.Lock, waited: bool) -> None:
+        self.conn, self.write_lock = conn, write_lock
+        self.lock = threading.Lock()
+        self.done = False
+        #: set once the answer is written, or left in ``large``: only where the receiver waits
+        self.given = threading.Event() if waited else None
+        self.large: Any = None
+        #: what stops the waiting for the answer's values (``SocketTransport`` ``serve``'s return)
+        self.stop: Callable[[], None] | None = None
+
+    def give(self, answer: Any, large: bool = False) -> bool:
+        """Answer the request (``False`` if it had its answer already)."""
+        with self.lock:
+            if self.done:
+                return False
+            self.done = True
+        if large and self.given is not None:
+            self.large = answer
+        elif large:
+            threading.Thread(target=self.write, args=(answer,), name="pathdask-answer", daemon=True).start()
+        else:
+            self.write(answer)
+        if self.given is not None:
+            self.given.set()
+        return True
+
+    def write(self, answer: Any) -> None:
+        try:
+            with self.write_lock:
+                write_message(self.conn, answer)
+        except OSError:
+            pass  # the asker left: its receiver thread sees the connection closed
+
+    def abandon(self) -> None:
+        """The asker hung up, or asked again first: stop waiting for the values (an asker still
+        there is answered with an error)."""
+        self.give(("error", ConnectionAbortedError("nobody waits for this answer any more")))
+        if self.stop is not None:
+            self.stop()
+
+
 class SocketTransport:
     """Listens on ``host`` and sends framed, pickled messages to peers by address.
 
@@ -140,10 +199,10 @@ class SocketTransport:
     token : bytes
         The secret every peer presents first; connections without it are closed.
     serve : callable, optional
-        ``serve(request, gone)`` answers a ``(REQUEST, request)`` message (a client
-        fetching results, ``client/fetch.py``) in the receiver thread; its return
-        value is written back on the same connection. ``gone()`` says whether the
-        asker hung up meanwhile.
+        ``serve(request, answer)`` takes a ``(REQUEST, request)`` message (a client
+        fetching results, ``client/fetch.py``) in the receiver thread and gives its
+        :class:`Answer` then or later, from any thread; it returns a function that
+        stops its waiting, called if the asker hangs up first (or asks again).
     server_tls, client_tls : ssl.SSLContext, optional
         TLS contexts for accepted and opened connections (both or neither).
     """
@@ -151,7 +210,7 @@ class SocketTransport:
     def __init__(self, host: str, handle: Callable[[Any], None], sink: Callable[[Any, int], memoryview],
                  token: bytes, server_tls: ssl.SSLContext | None = None,
                  client_tls: ssl.SSLContext | None = None,
-                 serve: Callable[[Any, Callable[[], bool]], Any] | None = None) -> None:
+                 serve: Callable[[Any, Answer], Callable[[], None]] | None = None) -> None:
         self.handle, self.sink, self.serve = handle, sink, serve
         self.token = token
         self.server_tls, self.client_tls = server_tls, client_tls
@@ -230,6 +289,8 @@ class SocketTransport:
         conn = self._authenticate(raw)
         if conn is None:
             return
+        asked: Answer | None = None  # the last request's answer
+        write_lock = threading.Lock()
         try:
             while not self.closing:
                 size, nbuf = _HEADER.unpack(_recv_exact(conn, _HEADER.size))
@@ -239,7 +300,9 @@ class SocketTransport:
                 message = _read_payload(conn, size, nbuf)
                 if isinstance(message, tuple) and message and message[0] == REQUEST:
                     # a client's request, answered on its connection: it waits for nothing else
-                    write_message(conn, self._serve(message[1], conn))
+                    if asked is not None and not asked.done:
+                        asked.abandon()  # asked again before its answer: it reads this one now
+                    asked = self._serve(message[1], conn, write_lock)
                     continue
                 try:
                     self.handle(message)
@@ -247,21 +310,29 @@ class SocketTransport:
                     logger.exception("pathdask: failed to handle a message from a peer host")
         except (ConnectionError, OSError):
             pass  # the peer went away or we are closing
+        finally:
+            if asked is not None and not asked.done:
+                asked.abandon()
 
-    def _serve(self, request: Any, conn: socket.socket) -> Any:
+    def _serve(self, request: Any, conn: socket.socket, write_lock: threading.Lock) -> Answer:
+        """Take a request; on TLS, also wait until its answer is out, or until the asker hung
+        up (readable means EOF, a reset, or a second request before this answer)."""
+        answer = Answer(conn, write_lock, waited=isinstance(conn, ssl.SSLSocket))
         if self.serve is None:
-            return ("error", RuntimeError("this transport answers no requests"))
-
-        def gone() -> bool:
-            """The asker closed its end (or we are closing): nothing will read the answer.
-            Readable means EOF, a reset, or a second request before this answer: all end it."""
-            return self.closing or readable_now(conn)
-
-        try:
-            return self.serve(request, gone)
-        except Exception as e:  # noqa: BLE001 - the asker gets it, typed
-            logger.exception("pathdask: failed to answer a request")
-            return ("error", RuntimeError(f"{type(e).__name__}: {e}"))
+            answer.give(("error", RuntimeError("this transport answers no requests")))
+        else:
+            try:
+                answer.stop = self.serve(request, answer)
+            except Exception as e:  # noqa: BLE001 - the asker gets it, typed
+                logger.exception("pathdask: failed to answer a request")
+                answer.give(("error", RuntimeError(f"{type(e).__name__}: {e}")))
+        if answer.given is not None:
+            while not answer.given.wait(POLL_S):
+                if self.closing or readable_now(conn):
+                    answer.abandon()
+            if answer.large is not None:
+                answer.write(answer.large)
+        return answer
 
     def _receive_chunk(self, conn: socket.socket, meta: Any) -> None:
         (n,) = _LEN.unpack(_recv_exact(conn, _LEN.size))
