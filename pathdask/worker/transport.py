@@ -112,12 +112,60 @@ def readable_now(sock: socket.socket) -> bool:
         return True  # closed under us
 
 
-def read_message(sock: socket.socket) -> Any:
-    """Read one message that :func:`write_message` wrote (not a chunk)."""
-    size, nbuf = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+#: what :func:`read_answer` asks of its first read: a small answer comes whole in it
+FIRST_READ = 1 << 16
+
+
+def read_answer(sock: socket.socket) -> Any:
+    """Read the one message :func:`write_message` wrote as the answer to a request.
+
+    A small answer is taken in one read, with one system call (and one return to the
+    interpreter's lock) instead of one per part; a large one's buffers are read straight into
+    arrays of their own. It must be the only message on its way: bytes past it are an error.
+    """
+    reader = _Reader(sock)
+    size, nbuf = _HEADER.unpack(reader.take(_HEADER.size))
     if nbuf == _CHUNK:
-        raise ConnectionError("a chunk frame came where a message was expected")
-    return _read_payload(sock, size, nbuf)
+        raise ConnectionError("a chunk frame came where an answer was expected")
+    payload = reader.take(size)
+    buffers = []
+    for _ in range(nbuf):
+        (n,) = _LEN.unpack(reader.take(_LEN.size))
+        buffers.append(reader.take(n, own=True))
+    if reader.left:
+        raise ConnectionError(f"{reader.left} bytes came after an answer")
+    return pickle.loads(payload, buffers=buffers)
+
+
+class _Reader:
+    """Parts of one message from a socket, after one first read of up to :data:`FIRST_READ` bytes."""
+
+    __slots__ = ("sock", "data", "at")
+
+    def __init__(self, sock: socket.socket) -> None:
+        first = np.empty(FIRST_READ, dtype=np.uint8).data
+        got = sock.recv_into(first)
+        if got == 0:
+            raise ConnectionError("peer closed the connection")
+        self.sock, self.data, self.at = sock, first[:got], 0
+
+    @property
+    def left(self) -> int:
+        return self.data.nbytes - self.at
+
+    def take(self, n: int, own: bool = False) -> memoryview:
+        """The next ``n`` bytes; ``own``: in memory of their own (what the message's arrays keep),
+        not a view of the first read's."""
+        have = min(n, self.left)
+        if have == n and not own:
+            self.at += n
+            return self.data[self.at - n:self.at]
+        out = np.empty(n, dtype=np.uint8).data
+        out[:have] = self.data[self.at:self.at + have]
+        self.at += have
+        if have < n:
+            _recv_into(self.sock, out[have:])
+        return out
 
 
 def _read_payload(sock: socket.socket, size: int, nbuf: int) -> Any:
