@@ -22,7 +22,8 @@ Threads and ownership:
   :class:`~pathdask.core.ledger.Ledger`, the
   :class:`~pathdask.worker.store.BufferStore` and the
   :class:`~pathdask.worker.transfer.Mailbox`. ``_gates`` (sequential
-  dispatch) is guarded by ``_gates_lock``.
+  dispatch) is guarded by ``_gates_lock``, the endings the event loop has not
+  taken up yet (``_endings``) by ``_endings_lock``.
 """
 
 from __future__ import annotations
@@ -193,6 +194,9 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
         self._program_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._gates_lock = threading.Lock()
         self._gates: dict[tuple[str, int, int], threading.Event] = {}  # sequential dispatch
+        #: programs that ended here, for the event loop to take up (``_end_soon``)
+        self._endings_lock = threading.Lock()
+        self._endings: list[str] = []
         self.streams = {d: DeviceStream(self, info, driver) for d, info in self.devices.items()}
         if driver is not None:
             self.threads = [driver.drive([s.run for s in self.streams.values()])]
@@ -317,7 +321,7 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
             elif isinstance(ins, Ended):
                 self.mailbox.finish_program(ins.pid)
                 self.reassembly.drop(ins.pid)
-                self.loop.call_soon_threadsafe(self._ended, ins.pid)
+                self._end_soon(ins.pid)
             elif isinstance(ins, Tell):
                 self.tell(ins.msg)
             elif isinstance(ins, MarkLost):
@@ -344,6 +348,21 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
         self.mailbox.drop_program(pid, cause)
         self.store.drop_program(pid, cause)
         self._wake_idle()
+
+    def _end_soon(self, pid: str) -> None:
+        """``pid`` has ended on this host (any thread): the event loop takes it up. Endings that
+        come before the loop took the last ones go with them, for one wake of the loop."""
+        with self._endings_lock:
+            self._endings.append(pid)
+            first = len(self._endings) == 1
+        if first:
+            self.loop.call_soon_threadsafe(self._take_endings)
+
+    def _take_endings(self) -> None:
+        with self._endings_lock:
+            pids, self._endings = self._endings, []
+        for pid in pids:
+            self._ended(pid)
 
     def _ended(self, pid: str) -> None:
         """``pid`` has ended on this host (event loop): the scheduler learns it, waiters wake."""
