@@ -14,7 +14,7 @@ Clients fetch results on the same transport (``client/fetch.py``): a request
 is answered on its own connection (an :class:`Answer`), once the values are
 computed, by the thread that stored the last of them (a device's): the answer
 leaves as the value is stored, with no thread hand-off. Only a large answer is
-written by the connection's receiver thread, which waits for it meanwhile.
+left to another thread, so that no device waits for a slow reader.
 
 Security follows Dask's own settings. Every connection opens with a secret
 token that the scheduler plugin gave each host and client when it registered
@@ -348,8 +348,9 @@ class SocketTransport:
                 message = _read_payload(conn, size, nbuf)
                 if isinstance(message, tuple) and message and message[0] == REQUEST:
                     # a client's request, answered on its connection: it waits for nothing else
-                    if asked is not None and not asked.done:
-                        asked.abandon()  # asked again before its answer: it reads this one now
+                    if asked is not None and not asked.done:  # a client asks one thing at a time
+                        conn.shutdown(socket.SHUT_RDWR)
+                        raise ConnectionError("a client asked again before its answer")
                     asked = self._serve(message[1], conn, write_lock)
                     continue
                 try:
