@@ -6,17 +6,25 @@ every 5 ms, a worker's to the scheduler every 2 ms. A message sent just after
 another waits out the interval. That suits what Dask sends about keys (a
 release, an acknowledgement), not a program call that a client waits for.
 
-So pathdask's own messages (calls, orders and dispatches, program endings)
-go at once (:func:`flush` after them), taking along whatever Dask queued before
-them, in order. Dask's messages keep batching at Dask's intervals, and mostly
-ride with the next call. A client that waits for each result thus sends one
-message per call, the scheduler one per host, and each host one back:
+So pathdask's own messages (calls, orders and dispatches) go at once
+(:func:`flush` after them), taking along whatever Dask queued before them, in
+order. Dask's messages keep batching at Dask's intervals, and mostly ride with
+the next call. A client that waits for each result thus sends one message per
+call, the scheduler one per host, and each host one back:
 
 - the release of the previous result goes with the next call;
 - the scheduler's ``free-keys`` for it goes with that call's dispatch;
 - a host's acknowledgement of that free (``release-worker-data``) goes with
-  the program's ending, because a host's stream batches at
+  program endings, because a host's stream batches at
   ``pathdask.stream-interval`` (:func:`pace`), longer than a call.
+
+A program's ending (``ProgramDone``) goes at once only where the island's
+policy holds programs back until slotted ones end (``proportional``'s window):
+there the next program waits for it. Under ``fifo`` every program is slotted
+as it comes and nothing waits for an ending (a waiting client has its result
+from the devices already), so endings batch on the host's stream: the scheduler
+reads a few in one message, instead of reading each one just as the client's
+next call comes in (both run on the client's process for an embedded system).
 """
 
 from __future__ import annotations

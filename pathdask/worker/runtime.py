@@ -89,6 +89,7 @@ from ..protocol import (
     Message,
     Order,
     Plans,
+    ProgramDone,
     RegisterHost,
     ReleaseOutputs,
     Save,
@@ -176,6 +177,8 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
         self.island, self.host = reply["island"], reply["host"]
         self.ordering: bool = reply["ordering"]
         self.jitter: float = reply["dispatch_jitter"]
+        #: a program's ending goes at once, or with the stream's next batch (``streams.py``)
+        self.prompt_endings: bool = reply.get("prompt_endings", True)
         self.devices: dict[int, DeviceInfo] = {
             d.id: DeviceInfo(d.id, d.island, d.host, d.index, worker.address)
             for d in self.topology.devices_of_host(self.island, self.host)
@@ -323,7 +326,7 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
                 self.reassembly.drop(ins.pid)
                 self._end_soon(ins.pid)
             elif isinstance(ins, Tell):
-                self.tell(ins.msg)
+                self.tell(ins.msg, now=self.prompt_endings or not isinstance(ins.msg, ProgramDone))
             elif isinstance(ins, MarkLost):
                 self.peers.mark_lost(ins.host)
             elif isinstance(ins, MarkJoined):
@@ -371,14 +374,14 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
             resolve(fut)
         self._wake_idle()
 
-    def tell(self, msg: Message) -> None:
-        """A record to the scheduler on the worker's stream, sent at once (``streams.py``);
-        an exception it carries travels serialized (and picklable)."""
+    def tell(self, msg: Message, now: bool = True) -> None:
+        """A record to the scheduler on the worker's stream, sent at once unless ``now`` is
+        false (``streams.py``); an exception it carries travels serialized (and picklable)."""
         assert self.worker is not None
         fields = encode(msg)
         if isinstance(fields.get("cause"), BaseException):
             fields["cause"] = to_serialize(picklable(fields["cause"]))
-        send_to_scheduler(self.worker, fields)
+        send_to_scheduler(self.worker, fields, now)
 
     # -- sequential dispatch: gates ------------------------------------------------------
     def release_gang(self, pid: str, gang: int, device: int) -> threading.Event:
