@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from pathdask.errors import GangAbortedError
+from pathdask.worker.frames import connect, read_answer, write_message
 from pathdask.worker.store import BufferFreedError, BufferStore
-from pathdask.worker.transport import REQUEST, Answer, SocketTransport, connect, read_answer, write_message
+from pathdask.worker.transport import REQUEST, Answer, SocketTransport
 
 TOKEN = b"t" * 32
 

@@ -41,7 +41,8 @@ import numpy as np
 from ..errors import DeviceLostError
 from ..gather import OutputRef, assemble
 from ..stopwatch import mark
-from ..worker.transport import REQUEST, connect, read_answer, readable_now, write_message
+from ..worker.frames import connect, read_answer, readable_now, write_message
+from ..worker.transport import REQUEST
 
 __all__ = ["HOST_CHECK_AFTER", "HostSockets", "Unreachable"]
 

@@ -29,152 +29,32 @@ from __future__ import annotations
 import hmac
 import logging
 import pickle
-import select
 import socket
 import ssl
-import struct
 import threading
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from ..protocol import CHUNK
+from .frames import (
+    CHUNK_FRAME,
+    HEADER,
+    LENGTH,
+    connect,
+    read_payload,
+    readable_now,
+    recv_exact,
+    recv_into,
+    write_message,
+)
 
 logger = logging.getLogger("pathdask.transport")
 
-_HEADER = struct.Struct("!II")  # pickle length, number of out-of-band buffers (or _CHUNK)
-_LEN = struct.Struct("!Q")
-#: in place of the number of buffers: a chunk frame, whose one buffer goes where ``sink`` says
-_CHUNK = 0xFFFFFFFF
 #: the first element of a message that asks for an answer on its connection: ``(REQUEST, request)``
 REQUEST = "request"
 #: seconds between a TLS receiver's checks, while its request waits for its answer, that the
 #: asker is still there (a plain connection's receiver reads on: a hang-up ends the wait at once)
 POLL_S = 1.0
-
-
-def _recv_into(sock: socket.socket, view: memoryview) -> memoryview:
-    n, got = view.nbytes, 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise ConnectionError("peer closed the connection")
-        got += k
-    return view
-
-
-def _recv_exact(sock: socket.socket, n: int) -> memoryview:
-    # np.empty, not bytearray: nothing is zero-filled only to be overwritten
-    return _recv_into(sock, np.empty(n, dtype=np.uint8).data)
-
-
-def write_message(sock: socket.socket, message: Any) -> None:
-    """Write one framed message: pickled with protocol 5, NumPy buffers out of band."""
-    buffers: list[pickle.PickleBuffer] = []
-    payload = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
-    raws = [b.raw() for b in buffers]
-    parts: list[Any] = [_HEADER.pack(len(payload), len(raws)), payload]
-    for r in raws:
-        parts += [_LEN.pack(r.nbytes), r]
-    if len(payload) + sum(r.nbytes for r in raws) < 1 << 16:
-        sock.sendall(b"".join(parts))  # one write, one wake-up on the other side
-    else:
-        for part in parts:  # large buffers go without a copy
-            sock.sendall(part)
-
-
-def connect(address: str, token: bytes, tls: ssl.SSLContext | None, timeout: float | None = None) -> socket.socket:
-    """A connection to the transport at ``address`` (``host:port``), through TLS where ``tls``
-    is given, that has presented ``token``; it blocks with no timeout once open."""
-    host, port = address.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=timeout)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if tls is not None:
-            sock = tls.wrap_socket(sock)
-        sock.sendall(token)
-        sock.settimeout(None)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def readable_now(sock: socket.socket) -> bool:
-    """Whether ``sock`` has something to read (or is closed) right now; any number of file
-    descriptors (``select.select`` stops at 1024)."""
-    try:
-        poller = select.poll()  # no kernel object to make and close, as an epoll selector has
-        poller.register(sock, select.POLLIN)
-        return bool(poller.poll(0))
-    except (OSError, ValueError):
-        return True  # closed under us
-
-
-#: what :func:`read_answer` asks of its first read: a small answer comes whole in it
-FIRST_READ = 1 << 16
-
-
-def read_answer(sock: socket.socket) -> Any:
-    """Read the one message :func:`write_message` wrote as the answer to a request.
-
-    A small answer is taken in one read, with one system call (and one return to the
-    interpreter's lock) instead of one per part; a large one's buffers are read straight into
-    arrays of their own. It must be the only message on its way: bytes past it are an error.
-    """
-    reader = _Reader(sock)
-    size, nbuf = _HEADER.unpack(reader.take(_HEADER.size))
-    if nbuf == _CHUNK:
-        raise ConnectionError("a chunk frame came where an answer was expected")
-    payload = reader.take(size)
-    buffers = []
-    for _ in range(nbuf):
-        (n,) = _LEN.unpack(reader.take(_LEN.size))
-        buffers.append(reader.take(n, own=True))
-    if reader.left:
-        raise ConnectionError(f"{reader.left} bytes came after an answer")
-    return pickle.loads(payload, buffers=buffers)
-
-
-class _Reader:
-    """Parts of one message from a socket, after one first read of up to :data:`FIRST_READ` bytes."""
-
-    __slots__ = ("sock", "data", "at")
-
-    def __init__(self, sock: socket.socket) -> None:
-        first = np.empty(FIRST_READ, dtype=np.uint8).data
-        got = sock.recv_into(first)
-        if got == 0:
-            raise ConnectionError("peer closed the connection")
-        self.sock, self.data, self.at = sock, first[:got], 0
-
-    @property
-    def left(self) -> int:
-        return self.data.nbytes - self.at
-
-    def take(self, n: int, own: bool = False) -> memoryview:
-        """The next ``n`` bytes; ``own``: in memory of their own (what the message's arrays keep),
-        not a view of the first read's."""
-        have = min(n, self.left)
-        if have == n and not own:
-            self.at += n
-            return self.data[self.at - n:self.at]
-        out = np.empty(n, dtype=np.uint8).data
-        out[:have] = self.data[self.at:self.at + have]
-        self.at += have
-        if have < n:
-            _recv_into(self.sock, out[have:])
-        return out
-
-
-def _read_payload(sock: socket.socket, size: int, nbuf: int) -> Any:
-    payload = _recv_exact(sock, size)
-    buffers = []
-    for _ in range(nbuf):
-        (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
-        buffers.append(_recv_exact(sock, n))
-    return pickle.loads(payload, buffers=buffers)
 
 
 class Answer:
@@ -284,7 +164,7 @@ class SocketTransport:
         into the buffer its ``sink(meta, nbytes)`` returns, with no copy in between."""
         sock, lock = self._peer(peer)
         payload = pickle.dumps(meta, protocol=5)
-        head = _HEADER.pack(len(payload), _CHUNK) + payload + _LEN.pack(data.nbytes)
+        head = HEADER.pack(len(payload), CHUNK_FRAME) + payload + LENGTH.pack(data.nbytes)
         with lock:
             sock.sendall(head)
             sock.sendall(data)
@@ -318,7 +198,7 @@ class SocketTransport:
                 # handshake here, not in ``wrap_socket``, which closes the socket on failure
                 conn = self.server_tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
                 conn.do_handshake()
-            token = bytes(_recv_exact(conn, len(self.token)))
+            token = bytes(recv_exact(conn, len(self.token)))
         except (ssl.SSLError, ConnectionError, OSError) as e:
             logger.warning("pathdask: refused a peer connection (%s: %s)", type(e).__name__, e)
             self.rejected += 1
@@ -341,11 +221,11 @@ class SocketTransport:
         write_lock = threading.Lock()
         try:
             while not self.closing:
-                size, nbuf = _HEADER.unpack(_recv_exact(conn, _HEADER.size))
-                if nbuf == _CHUNK:
-                    self._receive_chunk(conn, pickle.loads(_recv_exact(conn, size)))
+                size, nbuf = HEADER.unpack(recv_exact(conn, HEADER.size))
+                if nbuf == CHUNK_FRAME:
+                    self._receive_chunk(conn, pickle.loads(recv_exact(conn, size)))
                     continue
-                message = _read_payload(conn, size, nbuf)
+                message = read_payload(conn, size, nbuf)
                 if isinstance(message, tuple) and message and message[0] == REQUEST:
                     # a client's request, answered on its connection: it waits for nothing else
                     if asked is not None and not asked.done:  # a client asks one thing at a time
@@ -384,8 +264,8 @@ class SocketTransport:
         return answer
 
     def _receive_chunk(self, conn: socket.socket, meta: Any) -> None:
-        (n,) = _LEN.unpack(_recv_exact(conn, _LEN.size))
-        _recv_into(conn, self.sink(meta, n))
+        (n,) = LENGTH.unpack(recv_exact(conn, LENGTH.size))
+        recv_into(conn, self.sink(meta, n))
         try:
             self.handle((CHUNK, meta, n))
         except Exception:
