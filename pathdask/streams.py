@@ -18,13 +18,18 @@ call, the scheduler one per host, and each host one back:
   program endings, because a host's stream batches at
   ``pathdask.stream-interval`` (:func:`pace`), longer than a call.
 
-A program's ending (``ProgramDone``) goes at once only where the island's
-policy holds programs back until slotted ones end (``proportional``'s window):
-there the next program waits for it. Under ``fifo`` every program is slotted
-as it comes and nothing waits for an ending (a waiting client has its result
-from the devices already), so endings batch on the host's stream: the scheduler
-reads a few in one message, instead of reading each one just as the client's
-next call comes in (both run on the client's process for an embedded system).
+A program's ending (``ProgramDone``) goes at once, but for a program that ran
+on one host alone (``HostPlan.alone``) under a policy that slots every program
+as it comes (``fifo``): nothing waits for that ending (a waiting client has its
+result from the devices already), so it batches on the host's stream. The
+scheduler then reads a few in one message, instead of reading each one just as
+the client's next call comes in (both run on the client's process for an
+embedded system). A policy that holds programs back until slotted ones end
+(``proportional``'s window) waits for every ending. And a program that spans
+hosts must end at once: a host lost before its ending arrived fails the program
+on every host, and with it the outputs that survived there (which elastic
+recovery reads); a program that ran on the lost host alone loses its outputs
+with it anyway.
 """
 
 from __future__ import annotations

@@ -177,7 +177,8 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
         self.island, self.host = reply["island"], reply["host"]
         self.ordering: bool = reply["ordering"]
         self.jitter: float = reply["dispatch_jitter"]
-        #: a program's ending goes at once, or with the stream's next batch (``streams.py``)
+        #: every program's ending goes at once; else those of programs run here alone go with the
+        #: stream's next batch (``streams.py``)
         self.prompt_endings: bool = reply.get("prompt_endings", True)
         self.devices: dict[int, DeviceInfo] = {
             d.id: DeviceInfo(d.id, d.island, d.host, d.index, worker.address)
@@ -197,9 +198,11 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
         self._program_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._gates_lock = threading.Lock()
         self._gates: dict[tuple[str, int, int], threading.Event] = {}  # sequential dispatch
-        #: programs that ended here, for the event loop to take up (``_end_soon``)
+        #: programs that ended here, for the event loop to take up (``_end_soon``), and those of
+        #: them whose endings may wait for the stream's next batch (``_batched``)
         self._endings_lock = threading.Lock()
         self._endings: list[str] = []
+        self._batched_endings: set[str] = set()
         self.streams = {d: DeviceStream(self, info, driver) for d, info in self.devices.items()}
         if driver is not None:
             self.threads = [driver.drive([s.run for s in self.streams.values()])]
@@ -300,7 +303,12 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
 
     def device_done(self, pid: str, device: int) -> None:
         """A device popped ``pid`` (device thread); the last one ends it on this host."""
-        self.apply(self.core.device_done(pid, device))
+        prog = None if self.prompt_endings else self.ledger.get(pid)
+        instructions = self.core.device_done(pid, device)
+        if instructions and prog is not None and prog.plan.alone:
+            with self._endings_lock:
+                self._batched_endings.add(pid)
+        self.apply(instructions)
 
     # -- instructions out ------------------------------------------------------------
     def apply(self, instructions: list[Instruction]) -> None:
@@ -326,7 +334,7 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
                 self.reassembly.drop(ins.pid)
                 self._end_soon(ins.pid)
             elif isinstance(ins, Tell):
-                self.tell(ins.msg, now=self.prompt_endings or not isinstance(ins.msg, ProgramDone))
+                self.tell(ins.msg, now=not (isinstance(ins.msg, ProgramDone) and self._batched(ins.msg.pid)))
             elif isinstance(ins, MarkLost):
                 self.peers.mark_lost(ins.host)
             elif isinstance(ins, MarkJoined):
@@ -360,6 +368,15 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
             first = len(self._endings) == 1
         if first:
             self.loop.call_soon_threadsafe(self._take_endings)
+
+    def _batched(self, pid: str) -> bool:
+        """Whether ``pid``'s ending may wait for the stream's next batch (``streams.py``): this
+        host ran it alone, and the island's policy does not wait for endings."""
+        with self._endings_lock:
+            if pid in self._batched_endings:
+                self._batched_endings.discard(pid)
+                return True
+            return False
 
     def _take_endings(self) -> None:
         with self._endings_lock:
