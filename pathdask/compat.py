@@ -121,14 +121,16 @@ def worker_stream(worker: Worker) -> BatchedSend:
     return worker.batched_stream
 
 
-def send_to_scheduler(worker: Worker, msg: dict[str, Any]) -> bool:
-    """Send ``msg`` on a worker's stream to the scheduler, at once; ``False`` if the stream
-    is down (the worker is reconnecting or closing)."""
+def send_to_scheduler(worker: Worker, msg: dict[str, Any], now: bool = True) -> bool:
+    """Send ``msg`` on a worker's stream to the scheduler, at once unless ``now`` is false
+    (then with the stream's next batch); ``False`` if the stream is down (the worker is
+    reconnecting or closing)."""
     stream = worker.batched_stream
     if not stream_open(stream):
         return False
     stream.send(msg)
-    flush(stream)
+    if now:
+        flush(stream)
     return True
 
 

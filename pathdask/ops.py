@@ -207,3 +207,6 @@ class HostPlan:
     id: str = ""
     #: used by one call only (a put, whose plan carries its data): the host drops it once used
     once: bool = False
+    #: the program runs on this host alone: should the host be lost, its outputs all go with it,
+    #: so its ending need not reach the scheduler at once (``streams.py``)
+    alone: bool = False

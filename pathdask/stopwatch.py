@@ -13,8 +13,9 @@ station          where         what has happened
 ``ordered``      host          the host handled the ``Order``
 ``dispatched``   host          the host handled the ``Dispatch`` (handles put, registered)
 ``run``          host          a device began the gang
-``ran``          host          the device ended the gang
-``served``       host          the fetch's answer is about to be written
+``ran``          host          the device ended the gang's work: its outputs are about to be stored
+``served``       host          the fetch's answer is about to be written (by the device, as it
+                               stores the value)
 ``result``       client        ``result()`` returned
 ===============  ============  ==============================================================
 

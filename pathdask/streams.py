@@ -6,17 +6,30 @@ every 5 ms, a worker's to the scheduler every 2 ms. A message sent just after
 another waits out the interval. That suits what Dask sends about keys (a
 release, an acknowledgement), not a program call that a client waits for.
 
-So pathdask's own messages (calls, orders and dispatches, program endings)
-go at once (:func:`flush` after them), taking along whatever Dask queued before
-them, in order. Dask's messages keep batching at Dask's intervals, and mostly
-ride with the next call. A client that waits for each result thus sends one
-message per call, the scheduler one per host, and each host one back:
+So pathdask's own messages (calls, orders and dispatches) go at once
+(:func:`flush` after them), taking along whatever Dask queued before them, in
+order. Dask's messages keep batching at Dask's intervals, and mostly ride with
+the next call. A client that waits for each result thus sends one message per
+call, the scheduler one per host, and each host one back:
 
 - the release of the previous result goes with the next call;
 - the scheduler's ``free-keys`` for it goes with that call's dispatch;
 - a host's acknowledgement of that free (``release-worker-data``) goes with
-  the program's ending, because a host's stream batches at
+  program endings, because a host's stream batches at
   ``pathdask.stream-interval`` (:func:`pace`), longer than a call.
+
+A program's ending (``ProgramDone``) goes at once, but for a program that ran
+on one host alone (``HostPlan.alone``) under a policy that slots every program
+as it comes (``fifo``): nothing waits for that ending (a waiting client has its
+result from the devices already), so it batches on the host's stream. The
+scheduler then reads a few in one message, instead of reading each one just as
+the client's next call comes in (both run on the client's process for an
+embedded system). A policy that holds programs back until slotted ones end
+(``proportional``'s window) waits for every ending. And a program that spans
+hosts must end at once: a host lost before its ending arrived fails the program
+on every host, and with it the outputs that survived there (which elastic
+recovery reads); a program that ran on the lost host alone loses its outputs
+with it anyway.
 """
 
 from __future__ import annotations

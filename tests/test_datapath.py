@@ -81,7 +81,7 @@ def test_results_come_over_the_hosts_sockets_and_a_host_lets_an_abandoned_fetch_
     y = pw.function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), cost=4.0)(x)
     with pytest.raises(TimeoutError, match=r"not ready within 0.2s"):
         y.result(timeout=0.2)
-    deadline = time.monotonic() + 3.0  # the hosts look at the connection every store.POLL_S
+    deadline = time.monotonic() + 3.0  # the hosts look at the connection every transport.POLL_S
     while sum(client.dask.run(_fetches_waiting).values()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sum(client.dask.run(_fetches_waiting).values()) == 0

@@ -103,3 +103,43 @@ def test_a_burst_of_calls_reaches_the_hosts_from_its_first_call_on(system, clien
     finally:
         for rt, inner in handlers.items():
             rt.handlers[Dispatch] = inner
+
+
+def test_a_one_host_programs_ending_rides_with_the_next_batch_and_a_spanning_ones_goes_at_once(system, client):
+    """Under fifo nothing waits for an ending, but a host lost before a spanning program's ending
+    arrives fails the program on every host: only endings of programs that ran on one host alone
+    wait for the host's next batch."""
+    import time
+
+    from pathdask.protocol import ProgramDone
+
+    assert system.cluster is not None
+    told: dict[str, list[bool]] = {}
+    tells = {}
+    for worker in system.cluster.workers.values():
+        rt = worker.plugins["pathdask"]
+        assert rt.prompt_endings is False  # fifo
+        tells[rt] = inner = rt.tell
+
+        def tell(msg, now=True, _inner=inner):
+            if isinstance(msg, ProgramDone):
+                told.setdefault(msg.pid, []).append(now)
+            return _inner(msg, now)
+
+        rt.tell = tell
+    try:
+        inc = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), name="inc")
+        for shape, hosts in (({"x": 2}, 1), ({"x": 4}, 2)):  # one host's two devices; two hosts
+            mesh = client.mesh(shape, island=0)
+            assert len(mesh.hosts) == hosts
+            y = inc(client.put(np.zeros(mesh.size), mesh, P("x")))
+            np.testing.assert_array_equal(y.result(), np.ones(mesh.size))
+            deadline = time.monotonic() + 15
+            while len(told.get(y.ref.pid, [])) < hosts:  # the hosts' event loops take endings up
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert told[y.ref.pid] == [hosts > 1] * hosts
+            del y
+    finally:
+        for rt, inner in tells.items():
+            rt.tell = inner

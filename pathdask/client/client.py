@@ -284,7 +284,7 @@ class Client(Observed):
                 "put", {0: gang},
                 {d.id: (op_for(p, out),) for p, d in local},
                 {0: tuple((0, d.id) for _, d in local)},
-                id=pid, once=True,
+                id=pid, once=True, alone=len(mesh.hosts) == 1,
             )
         futures = self._dispatch(pid, plans, (), ())
         return ShardedArray(self, pid, 0, sharding.shape, dtype, mesh, sharding.spec, futures[0], meta)

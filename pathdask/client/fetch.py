@@ -41,7 +41,8 @@ import numpy as np
 from ..errors import DeviceLostError
 from ..gather import OutputRef, assemble
 from ..stopwatch import mark
-from ..worker.transport import REQUEST, connect, read_message, readable_now, write_message
+from ..worker.frames import connect, read_answer, readable_now, write_message
+from ..worker.transport import REQUEST
 
 __all__ = ["HOST_CHECK_AFTER", "HostSockets", "Unreachable"]
 
@@ -120,7 +121,7 @@ class HostSockets:
                     sock = by_fd[fd]
                     addr = asked[sock]
                     with _lost_if_cut(addr):
-                        kind, value = read_message(sock)
+                        kind, value = read_answer(sock)
                     poller.unregister(sock)
                     del asked[sock]
                     self._keep(addr, sock)

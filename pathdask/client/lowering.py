@@ -103,6 +103,7 @@ def fuse(graph: ProgramGraph, overlap: bool = True) -> dict[str, HostPlan]:
             {d: tuple(defer_receives(o) if overlap else o) for d, o in dev_ops.items()},
             {j: tuple(p) for j, p in owned[addr].items()},
             uuid.uuid4().hex,
+            alone=len(ops) == 1,
         )
         for addr, dev_ops in ops.items()
     }

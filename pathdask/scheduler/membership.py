@@ -102,6 +102,8 @@ class HostMembership:
             "host": rec.host,
             "ordering": self.ordering,
             "dispatch_jitter": self.dispatch_jitter,
+            # a policy that holds programs back until slotted ones end needs each ending at once
+            "prompt_endings": self.core.order.policy.window is not None,
             "transport_token": self.transport_token,
             "transports": {a: t for a, t in self.transports.items() if a != address},
         }

@@ -10,15 +10,18 @@ ledger, the store, the device streams and the link model.
 from __future__ import annotations
 
 import asyncio
+import functools
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from distributed.core import error_message
 
 from ..core.ledger import Ledger
 from ..core.plans import PlanCache
-from ..gather import encode_block
+from ..gather import INLINE_BYTES, encode_block
 from ..stopwatch import mark
 from ..topology import DeviceInfo
 from .activity import activity
@@ -29,6 +32,7 @@ from .links import LinkModel
 from .observe import diagnose, host_stats
 from .store import BufferStore
 from .transfer import Mailbox
+from .transport import Answer
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -66,22 +70,22 @@ class HostAnswers:
         except Exception as e:
             return {"error": error_message(e)}
 
-    def serve(self, request: tuple[str, Any], gone: Callable[[], bool]) -> tuple[str, Any]:
-        """A client's request on the socket transport (its receiver thread; ``client/fetch.py``):
-        ``("fetch", buffers)`` is answered ``("values", arrays)`` once they are computed, or
-        ``("error", exception)`` with the error that ended their program."""
+    def serve(self, request: tuple[str, Any], answer: Answer) -> Callable[[], None]:
+        """A client's request on the socket transport (``client/fetch.py``), taken on its receiver
+        thread: ``("fetch", buffers)`` is answered ``("values", arrays)`` once they are computed,
+        by the thread that stores the last of them, or ``("error", exception)`` with the error
+        that ended their program. Returns what stops the waiting (the asker hung up)."""
         kind, buffers = request
         if kind != "fetch":
-            return ("error", ValueError(f"unknown request {kind!r}; expected 'fetch'"))
+            answer.give(("error", ValueError(f"unknown request {kind!r}; expected 'fetch'")))
+            return _nothing
         try:
-            out = []
-            for pid, vid, dev in buffers:
+            for pid, _, _ in buffers:
                 self._raise_if_dropped(pid)
-                out.append(self.store.value((pid, vid), dev, gone))
-            mark("served", buffers[0][0] if buffers else "")
-            return ("values", out)
         except Exception as e:  # noqa: BLE001 - the client raises it
-            return ("error", picklable(e))
+            answer.give(("error", picklable(e)))
+            return _nothing
+        return Gathering(self.store, buffers, answer).stop
 
     def _raise_if_dropped(self, pid: str) -> None:
         cause = self.ledger.dropped(pid)
@@ -132,3 +136,52 @@ class HostAnswers:
         waiters, self._idle_waiters = self._idle_waiters, []
         for fut in waiters:
             resolve(fut)
+
+
+def _nothing() -> None:
+    """Nothing to stop: the answer was given at once."""
+
+
+class Gathering:
+    """One fetch's values, gathered as their buffers settle (from the threads that settle them),
+    then given as one answer: small values by the thread that stored the last, at once."""
+
+    __slots__ = ("answer", "values", "left", "lock", "stops", "pid")
+
+    def __init__(self, store: BufferStore, buffers: list[tuple[str, int, int]], answer: Answer) -> None:
+        self.answer = answer
+        self.values: list[np.ndarray | None] = [None] * len(buffers)
+        self.left = len(buffers)
+        self.lock = threading.Lock()
+        self.pid = buffers[0][0] if buffers else ""
+        self.stops: list[Callable[[], None]] = []
+        if not buffers:
+            self._give(("values", []), 0)
+        for i, (pid, vid, dev) in enumerate(buffers):
+            self.stops.append(store.when_settled((pid, vid), dev, functools.partial(self._settled, i)))
+
+    def _settled(self, i: int, value: np.ndarray | None, error: BaseException | None) -> None:
+        with self.lock:
+            if self.left <= 0:
+                return  # answered already (an error came first)
+            if error is not None:
+                self.left = 0
+            else:
+                self.values[i] = value
+                self.left -= 1
+                if self.left:
+                    return
+        if error is not None:
+            self._give(("error", picklable(error)), 0)
+            self.stop()
+        else:
+            self._give(("values", self.values), sum(v.nbytes for v in self.values if v is not None))
+
+    def _give(self, answer: tuple[str, Any], nbytes: int) -> None:
+        mark("served", self.pid)
+        self.answer.give(answer, large=nbytes > INLINE_BYTES)
+
+    def stop(self) -> None:
+        """Stop waiting for the values that did not come (the asker hung up, or one failed)."""
+        for stop in self.stops:
+            stop()

@@ -171,7 +171,6 @@ class DeviceStream:
                 clock = run_op(self.host, prog, self.info, op, clock if last_end is not None else None)
                 self.gangs_run += 1
                 end = time.perf_counter()
-                mark("ran", pid)
                 with self.cond:
                     if last_end is not None:
                         self.gaps.append(begin - last_end)

@@ -29,7 +29,7 @@ from distributed.protocol import to_serialize
 
 from ..errors import DeviceLostError
 from ..protocol import ABORT, CHUNK, PEER_OPS, PEER_STREAM_OP, RECORD, XFER, TransportOf, ask
-from .transport import SocketTransport
+from .transport import Answer, SocketTransport
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -60,7 +60,7 @@ class Peers:
 
     def __init__(self, worker: Worker, loop: asyncio.AbstractEventLoop, kind: str,
                  handle: Callable[[tuple[Any, ...]], None], sink: Callable[[Any, int], memoryview],
-                 serve: Callable[[Any, Callable[[], bool]], Any] | None = None) -> None:
+                 serve: Callable[[Any, Answer], Callable[[], None]] | None = None) -> None:
         if kind not in TRANSPORTS:
             raise ValueError(f"pathdask.transport must be 'socket' or 'dask', got {kind!r}")
         self.worker, self.loop, self.kind, self.handle, self.sink = worker, loop, kind, handle, sink

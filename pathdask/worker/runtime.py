@@ -22,7 +22,8 @@ Threads and ownership:
   :class:`~pathdask.core.ledger.Ledger`, the
   :class:`~pathdask.worker.store.BufferStore` and the
   :class:`~pathdask.worker.transfer.Mailbox`. ``_gates`` (sequential
-  dispatch) is guarded by ``_gates_lock``.
+  dispatch) is guarded by ``_gates_lock``, the endings the event loop has not
+  taken up yet (``_endings``) by ``_endings_lock``.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ from ..protocol import (
     Message,
     Order,
     Plans,
+    ProgramDone,
     RegisterHost,
     ReleaseOutputs,
     Save,
@@ -180,6 +182,9 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
         self.island, self.host = reply["island"], reply["host"]
         self.ordering: bool = reply["ordering"]
         self.jitter: float = reply["dispatch_jitter"]
+        #: every program's ending goes at once; else those of programs run here alone go with the
+        #: stream's next batch (``streams.py``)
+        self.prompt_endings: bool = reply.get("prompt_endings", True)
         self.devices: dict[int, DeviceInfo] = {
             d.id: DeviceInfo(d.id, d.island, d.host, d.index, worker.address)
             for d in self.topology.devices_of_host(self.island, self.host)
@@ -198,6 +203,11 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
         self._program_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._gates_lock = threading.Lock()
         self._gates: dict[tuple[str, int, int], threading.Event] = {}  # sequential dispatch
+        #: programs that ended here, for the event loop to take up (``_end_soon``), and those of
+        #: them whose endings may wait for the stream's next batch (``_batched``)
+        self._endings_lock = threading.Lock()
+        self._endings: list[str] = []
+        self._batched_endings: set[str] = set()
         self.streams = {d: DeviceStream(self, info, driver) for d, info in self.devices.items()}
         if driver is not None:
             self.threads = [driver.drive([s.run for s in self.streams.values()])]
@@ -328,7 +338,12 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
 
     def device_done(self, pid: str, device: int) -> None:
         """A device popped ``pid`` (device thread); the last one ends it on this host."""
-        self.apply(self.core.device_done(pid, device))
+        prog = None if self.prompt_endings else self.ledger.get(pid)
+        instructions = self.core.device_done(pid, device)
+        if instructions and prog is not None and prog.plan.alone:
+            with self._endings_lock:
+                self._batched_endings.add(pid)
+        self.apply(instructions)
 
     # -- instructions out ------------------------------------------------------------
     def apply(self, instructions: list[Instruction]) -> None:
@@ -352,9 +367,9 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
             elif isinstance(ins, Ended):
                 self.mailbox.finish_program(ins.pid)
                 self.reassembly.drop(ins.pid)
-                self.loop.call_soon_threadsafe(self._ended, ins.pid)
+                self._end_soon(ins.pid)
             elif isinstance(ins, Tell):
-                self.tell(ins.msg)
+                self.tell(ins.msg, now=not (isinstance(ins.msg, ProgramDone) and self._batched(ins.msg.pid)))
             elif isinstance(ins, Relay):
                 try:
                     self.relays.submit(self._relay, ins.host, ins.msg)
@@ -385,6 +400,30 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
         self.store.drop_program(pid, cause)
         self._wake_idle()
 
+    def _end_soon(self, pid: str) -> None:
+        """``pid`` has ended on this host (any thread): the event loop takes it up. Endings that
+        come before the loop took the last ones go with them, for one wake of the loop."""
+        with self._endings_lock:
+            self._endings.append(pid)
+            first = len(self._endings) == 1
+        if first:
+            self.loop.call_soon_threadsafe(self._take_endings)
+
+    def _batched(self, pid: str) -> bool:
+        """Whether ``pid``'s ending may wait for the stream's next batch (``streams.py``): this
+        host ran it alone, and the island's policy does not wait for endings."""
+        with self._endings_lock:
+            if pid in self._batched_endings:
+                self._batched_endings.discard(pid)
+                return True
+            return False
+
+    def _take_endings(self) -> None:
+        with self._endings_lock:
+            pids, self._endings = self._endings, []
+        for pid in pids:
+            self._ended(pid)
+
     def _ended(self, pid: str) -> None:
         """``pid`` has ended on this host (event loop): the scheduler learns it, waiters wake."""
         self.apply(self.core.ended(pid))
@@ -392,14 +431,14 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
             resolve(fut)
         self._wake_idle()
 
-    def tell(self, msg: Message) -> None:
-        """A record to the scheduler on the worker's stream, sent at once (``streams.py``);
-        an exception it carries travels serialized (and picklable)."""
+    def tell(self, msg: Message, now: bool = True) -> None:
+        """A record to the scheduler on the worker's stream, sent at once unless ``now`` is
+        false (``streams.py``); an exception it carries travels serialized (and picklable)."""
         assert self.worker is not None
         fields = encode(msg)
         if isinstance(fields.get("cause"), BaseException):
             fields["cause"] = to_serialize(picklable(fields["cause"]))
-        send_to_scheduler(self.worker, fields)
+        send_to_scheduler(self.worker, fields, now)
 
     # -- sequential dispatch: gates ------------------------------------------------------
     def release_gang(self, pid: str, gang: int, device: int) -> threading.Event:

@@ -8,7 +8,7 @@ to read it; when both are gone it is freed and its bytes return to the device.
 from __future__ import annotations
 
 import asyncio
-import threading
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -24,10 +24,12 @@ from ..ops import BufferKey
 from .driver import Driver, Waitable
 from .futures import fail, resolve
 
-#: seconds between a waiting fetch's checks that its asker is still there
-POLL_S = 1.0
+logger = logging.getLogger("pathdask.worker")
 
 StoreKey = tuple[str, int, int]  # (program id, value id, device id)
+
+#: what a watch is told once its buffer settled: ``(value, None)`` or ``(None, error)``
+Settled = Callable[[np.ndarray | None, BaseException | None], None]
 
 
 class BufferFreedError(RuntimeError):
@@ -46,6 +48,16 @@ class Buffer:
     refs: int = 0  # registered consumers that have not read it yet
     owners: int = 0  # output keys that hold it
     waiters: list[asyncio.Future[Any]] = field(default_factory=list)
+
+
+class Watch:
+    """One plain thread's interest in a buffer (a client's fetch, ``when_settled``): ``seen``
+    once the buffer was declared (so that its absence later means it was freed)."""
+
+    __slots__ = ("key", "device", "then", "seen")
+
+    def __init__(self, key: BufferKey, device: int, then: Settled) -> None:
+        self.key, self.device, self.then, self.seen = key, device, then, False
 
 
 @dataclass
@@ -75,8 +87,10 @@ class BufferStore:
         self._declared_waiters: dict[StoreKey, list[asyncio.Future[Any]]] = {}
         #: dropped programs -> why: a buffer of one that a later reader declares is born failed
         self._dropped: OrderedDict[str, BaseException] = OrderedDict()
-        #: the plain threads waiting in :meth:`value`, an event each, by the buffer they wait for
-        self._thread_waiters: dict[StoreKey, list[threading.Event]] = {}
+        #: the watches of :meth:`when_settled` by the buffer they wait for, and those to look at
+        #: again once the change that woke them is complete (both guarded by ``cond``)
+        self._watches: dict[StoreKey, list[Watch]] = {}
+        self._woken: list[Watch] = []
 
     # -- registration (dispatch time) --------------------------------------
     def declare(self, key: BufferKey, device: int, *, owned: bool = False, consumers: int = 0,
@@ -91,9 +105,10 @@ class BufferStore:
                     buf.state, buf.error = "error", cause
                 for fut in self._declared_waiters.pop(skey, ()):
                     self.loop.call_soon_threadsafe(resolve, fut)
-                self._wake_threads(skey)
+                self._wake_watches(skey)
             buf.owners += int(owned)
             buf.refs += consumers
+        self._settle_watches()
 
     # -- allocation (device time) ------------------------------------------
     def allocate(self, device: int, nbytes: int, is_aborted: Callable[[], BaseException | None]) -> None:
@@ -130,7 +145,7 @@ class BufferStore:
     def unallocate(self, device: int, nbytes: int) -> None:
         with self.cond:
             self.memory[device].used -= nbytes
-            self.cond.notify_all()
+            self._memory_freed()
 
     # -- values ---------------------------------------------------------------
     def put(self, key: BufferKey, device: int, value: np.ndarray, nbytes: int) -> None:
@@ -140,11 +155,12 @@ class BufferStore:
             buf = self.buffers.get((key[0], key[1], device))
             if buf is None:  # dropped while it was being computed
                 self.memory[device].used -= nbytes
-                self.cond.notify_all()
+                self._memory_freed()
                 return
             buf.value, buf.state, buf.nbytes = value, "ready", nbytes
             self._wake(buf)
             self._maybe_free(buf)
+        self._settle_watches()  # a fetch waiting for it is answered from here, at once
 
     def fail(self, key: BufferKey, device: int, error: BaseException) -> None:
         with self.cond:
@@ -154,9 +170,16 @@ class BufferStore:
             buf.error, buf.state = error, "error"
             self._wake(buf)
             self._maybe_free(buf)
+        self._settle_watches()
 
     def read(self, key: BufferKey, device: int, *, consume: bool = True) -> np.ndarray:
         """The value of a ready buffer; ``consume`` counts one registered read done."""
+        try:
+            return self._read(key, device, consume)
+        finally:
+            self._settle_watches()
+
+    def _read(self, key: BufferKey, device: int, consume: bool) -> np.ndarray:
         with self.cond:
             buf = self.buffers.get((key[0], key[1], device))
             if buf is None:
@@ -188,6 +211,7 @@ class BufferStore:
             else:
                 buf.owners -= 1
             self._maybe_free(buf)
+        self._settle_watches()
 
     def drop_program(self, program: str, error: BaseException) -> None:
         """Fail a dropped program's uncomputed buffers with ``error``, and free what nothing holds.
@@ -197,8 +221,8 @@ class BufferStore:
         """
         with self.cond:
             remember(self._dropped, program, error)
-            for skey in [k for k in self._thread_waiters if k[0] == program]:
-                self._wake_threads(skey)
+            for skey in [k for k in self._watches if k[0] == program]:
+                self._wake_watches(skey)
             for skey in [k for k in self._declared_waiters if k[0] == program]:
                 for fut in self._declared_waiters.pop(skey):
                     self.loop.call_soon_threadsafe(fail, fut, error)
@@ -207,46 +231,77 @@ class BufferStore:
                     buf.error, buf.state = error, "error"
                     self._wake(buf)
                 self._maybe_free(buf)
+        self._settle_watches()
 
-    # -- waiting on a plain thread (a client's fetch on the socket transport) ------
-    def value(self, key: BufferKey, device: int, gone: Callable[[], bool]) -> np.ndarray:
-        """As :meth:`wait_value`, on the calling thread, which is not a device's: waits for the
-        buffer's program to be dispatched here and computed. ``gone()`` is asked every
-        :data:`POLL_S` while it waits, and ends the wait with ``ConnectionAbortedError``."""
+    # -- watching from a plain thread (a client's fetch on the socket transport) ------
+    def when_settled(self, key: BufferKey, device: int, then: Settled) -> Callable[[], None]:
+        """Call ``then(value, None)`` once the buffer is computed, or ``then(None, error)`` once it
+        failed, was freed, or its program was dropped; it waits for the buffer's program to be
+        dispatched here too. ``then`` runs once, on the thread that settled the buffer (a
+        device's, as it stores the value), after that thread let go of the store; or at once,
+        on this thread, if it has settled. Returns a function that stops the watch."""
+        watch = Watch(key, device, then)
         skey = (key[0], key[1], device)
-        seen: Buffer | None = None
-        while True:
-            with self.cond:
-                buf = self.buffers.get(skey)
-                if buf is None:
-                    if seen is not None:
-                        raise BufferFreedError(f"Buffer {key} on device {device} was freed before it was read")
-                    cause = self._dropped.get(key[0])
-                    if cause is not None:
-                        raise cause
-                elif buf.state != "pending":
-                    return self._outcome(buf, key, device)
-                else:
-                    seen = buf
-                # an event of its own: a buffer that settles wakes its waiters only
-                woken = threading.Event()
-                self._thread_waiters.setdefault(skey, []).append(woken)
-            try:
-                if gone():
-                    raise ConnectionAbortedError(f"nobody waits for buffer {key} on device {device} any more")
-                woken.wait(POLL_S)
-            finally:
-                self._unwait(self._thread_waiters, skey, woken)
+        with self.cond:
+            outcome = self._look(watch)
+            if outcome is None:
+                self._watches.setdefault(skey, []).append(watch)
+        if outcome is not None:
+            then(*outcome)
+
+        def stop() -> None:
+            self._unwait(self._watches, skey, watch)
+
+        return stop
 
     def fetches_waiting(self) -> int:
-        """Plain threads (clients' fetches) waiting in :meth:`value` now."""
+        """Clients' fetches waiting for buffers here now (:meth:`when_settled`)."""
         with self.cond:
-            return sum(len(w) for w in self._thread_waiters.values())
+            return sum(len(w) for w in self._watches.values())
 
-    def _wake_threads(self, skey: StoreKey) -> None:
-        """Wake the plain threads waiting in :meth:`value` for ``skey`` (under ``cond``)."""
-        for woken in self._thread_waiters.pop(skey, ()):
-            woken.set()
+    def _look(self, watch: Watch) -> tuple[np.ndarray | None, BaseException | None] | None:
+        """What ``watch`` is told now, or ``None`` while its buffer is not settled (under ``cond``)."""
+        key, device = watch.key, watch.device
+        buf = self.buffers.get((key[0], key[1], device))
+        if buf is None:
+            if watch.seen:
+                return None, BufferFreedError(f"Buffer {key} on device {device} was freed before it was read")
+            cause = self._dropped.get(key[0])
+            return None if cause is None else (None, cause)
+        if buf.state == "pending":
+            watch.seen = True
+            return None
+        if buf.state == "error":
+            return None, buf.error
+        if buf.value is None:
+            return None, BufferFreedError(f"Buffer {key} on device {device} was freed before it was read")
+        return buf.value, None
+
+    def _wake_watches(self, skey: StoreKey) -> None:
+        """The watches of ``skey`` look again once the change under way is complete (under ``cond``)."""
+        watches = self._watches.pop(skey, None)
+        if watches:
+            self._woken.extend(watches)
+
+    def _settle_watches(self) -> None:
+        """Tell the woken watches whose buffers settled; the others wait on. Each public method
+        that changes buffers calls it once its change is complete, outside ``cond``."""
+        if not self._woken:  # read without the lock: only a change under ``cond`` adds to it
+            return
+        told = []
+        with self.cond:
+            woken, self._woken = self._woken, []
+            for watch in woken:
+                outcome = self._look(watch)
+                if outcome is None:
+                    self._watches.setdefault((watch.key[0], watch.key[1], watch.device), []).append(watch)
+                else:
+                    told.append((watch, outcome))
+        for watch, outcome in told:
+            try:
+                watch.then(*outcome)
+            except Exception:  # the thread that settled it (a device's, say) must go on
+                logger.exception("pathdask: telling a fetch that its buffer settled failed")
 
     # -- waiting from the event loop ---------------------------------------
     async def wait_value(self, key: BufferKey, device: int) -> np.ndarray:
@@ -320,7 +375,7 @@ class BufferStore:
         waiters, buf.waiters = buf.waiters, []
         for fut in waiters:
             self.loop.call_soon_threadsafe(resolve, fut)
-        self._wake_threads(buf.key)
+        self._wake_watches(buf.key)
 
     def _maybe_free(self, buf: Buffer) -> None:
         """Free a buffer nothing wants any more: no reader to come and no key that owns it.
@@ -339,11 +394,17 @@ class BufferStore:
         if buf.nbytes:
             self.memory[buf.key[2]].used -= buf.nbytes
         buf.value = None
-        self.cond.notify_all()
+        self._memory_freed()
         if not self.buffers:
             waiters, self._empty_waiters = self._empty_waiters, []
             for fut in waiters:
                 self.loop.call_soon_threadsafe(resolve, fut)
+
+    def _memory_freed(self) -> None:
+        """Bytes went back to a device: wake the allocations waiting for frees, if any (a wake
+        is a thread hand-off; most frees have nobody to wake)."""
+        if any(m.waiting is not None for m in self.memory.values()):
+            self.cond.notify_all()
 
     def stats(self) -> dict[int, dict[str, Any]]:
         """Per device: bytes in use, capacity, peak, buffers, and the stored bytes of each client.

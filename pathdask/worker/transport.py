@@ -11,8 +11,10 @@ buffers out of band, without copies. ``pathdask.transport: dask`` switches back 
 Dask's comms (one-way batched streams), which the benchmarks compare.
 
 Clients fetch results on the same transport (``client/fetch.py``): a request
-is answered on its own connection by that connection's receiver thread, once
-the values are computed.
+is answered on its own connection (an :class:`Answer`), once the values are
+computed, by the thread that stored the last of them (a device's): the answer
+leaves as the value is stored, with no thread hand-off. Only a large answer is
+left to another thread, so that no device waits for a slow reader.
 
 Security follows Dask's own settings. Every connection opens with a secret
 token that the scheduler plugin gave each host and client when it registered
@@ -27,101 +29,86 @@ from __future__ import annotations
 import hmac
 import logging
 import pickle
-import select
 import socket
 import ssl
-import struct
 import threading
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from ..protocol import CHUNK
+from .frames import (
+    CHUNK_FRAME,
+    HEADER,
+    LENGTH,
+    connect,
+    read_payload,
+    readable_now,
+    recv_exact,
+    recv_into,
+    write_message,
+)
 
 logger = logging.getLogger("pathdask.transport")
 
-_HEADER = struct.Struct("!II")  # pickle length, number of out-of-band buffers (or _CHUNK)
-_LEN = struct.Struct("!Q")
-#: in place of the number of buffers: a chunk frame, whose one buffer goes where ``sink`` says
-_CHUNK = 0xFFFFFFFF
 #: the first element of a message that asks for an answer on its connection: ``(REQUEST, request)``
 REQUEST = "request"
+#: seconds between a TLS receiver's checks, while its request waits for its answer, that the
+#: asker is still there (a plain connection's receiver reads on: a hang-up ends the wait at once)
+POLL_S = 1.0
 
 
-def _recv_into(sock: socket.socket, view: memoryview) -> memoryview:
-    n, got = view.nbytes, 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise ConnectionError("peer closed the connection")
-        got += k
-    return view
+class Answer:
+    """The one answer to a client's request on its connection, given once, from any thread.
 
+    A small answer is written at once by the thread that gives it: a device's, as it stores
+    the last value asked for, so that nothing is handed to another thread on the way back. A
+    ``large`` one is written by another thread, so that no device waits for a slow reader.
+    On a plain connection the receiver thread reads on meanwhile (the asker's hang-up ends the
+    wait at once); a TLS connection is never used by two threads at once, so there the receiver
+    waits for the answer (``given``), and writes a large one itself.
+    """
 
-def _recv_exact(sock: socket.socket, n: int) -> memoryview:
-    # np.empty, not bytearray: nothing is zero-filled only to be overwritten
-    return _recv_into(sock, np.empty(n, dtype=np.uint8).data)
+    __slots__ = ("conn", "write_lock", "lock", "done", "given", "large", "stop")
 
+    def __init__(self, conn: socket.socket, write_lock: threading.Lock, waited: bool) -> None:
+        self.conn, self.write_lock = conn, write_lock
+        self.lock = threading.Lock()
+        self.done = False
+        #: set once the answer is written, or left in ``large``: only where the receiver waits
+        self.given = threading.Event() if waited else None
+        self.large: Any = None
+        #: what stops the waiting for the answer's values (``SocketTransport`` ``serve``'s return)
+        self.stop: Callable[[], None] | None = None
 
-def write_message(sock: socket.socket, message: Any) -> None:
-    """Write one framed message: pickled with protocol 5, NumPy buffers out of band."""
-    buffers: list[pickle.PickleBuffer] = []
-    payload = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
-    raws = [b.raw() for b in buffers]
-    parts: list[Any] = [_HEADER.pack(len(payload), len(raws)), payload]
-    for r in raws:
-        parts += [_LEN.pack(r.nbytes), r]
-    if len(payload) + sum(r.nbytes for r in raws) < 1 << 16:
-        sock.sendall(b"".join(parts))  # one write, one wake-up on the other side
-    else:
-        for part in parts:  # large buffers go without a copy
-            sock.sendall(part)
+    def give(self, answer: Any, large: bool = False) -> bool:
+        """Answer the request (``False`` if it had its answer already)."""
+        with self.lock:
+            if self.done:
+                return False
+            self.done = True
+        if large and self.given is not None:
+            self.large = answer
+        elif large:
+            threading.Thread(target=self.write, args=(answer,), name="pathdask-answer", daemon=True).start()
+        else:
+            self.write(answer)
+        if self.given is not None:
+            self.given.set()
+        return True
 
+    def write(self, answer: Any) -> None:
+        try:
+            with self.write_lock:
+                write_message(self.conn, answer)
+        except OSError:
+            pass  # the asker left: its receiver thread sees the connection closed
 
-def connect(address: str, token: bytes, tls: ssl.SSLContext | None, timeout: float | None = None) -> socket.socket:
-    """A connection to the transport at ``address`` (``host:port``), through TLS where ``tls``
-    is given, that has presented ``token``; it blocks with no timeout once open."""
-    host, port = address.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=timeout)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if tls is not None:
-            sock = tls.wrap_socket(sock)
-        sock.sendall(token)
-        sock.settimeout(None)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def readable_now(sock: socket.socket) -> bool:
-    """Whether ``sock`` has something to read (or is closed) right now; any number of file
-    descriptors (``select.select`` stops at 1024)."""
-    try:
-        poller = select.poll()  # no kernel object to make and close, as an epoll selector has
-        poller.register(sock, select.POLLIN)
-        return bool(poller.poll(0))
-    except (OSError, ValueError):
-        return True  # closed under us
-
-
-def read_message(sock: socket.socket) -> Any:
-    """Read one message that :func:`write_message` wrote (not a chunk)."""
-    size, nbuf = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    if nbuf == _CHUNK:
-        raise ConnectionError("a chunk frame came where a message was expected")
-    return _read_payload(sock, size, nbuf)
-
-
-def _read_payload(sock: socket.socket, size: int, nbuf: int) -> Any:
-    payload = _recv_exact(sock, size)
-    buffers = []
-    for _ in range(nbuf):
-        (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
-        buffers.append(_recv_exact(sock, n))
-    return pickle.loads(payload, buffers=buffers)
+    def abandon(self) -> None:
+        """The asker hung up, or asked again first: stop waiting for the values (an asker still
+        there is answered with an error)."""
+        self.give(("error", ConnectionAbortedError("nobody waits for this answer any more")))
+        if self.stop is not None:
+            self.stop()
 
 
 class SocketTransport:
@@ -140,10 +127,10 @@ class SocketTransport:
     token : bytes
         The secret every peer presents first; connections without it are closed.
     serve : callable, optional
-        ``serve(request, gone)`` answers a ``(REQUEST, request)`` message (a client
-        fetching results, ``client/fetch.py``) in the receiver thread; its return
-        value is written back on the same connection. ``gone()`` says whether the
-        asker hung up meanwhile.
+        ``serve(request, answer)`` takes a ``(REQUEST, request)`` message (a client
+        fetching results, ``client/fetch.py``) in the receiver thread and gives its
+        :class:`Answer` then or later, from any thread; it returns a function that
+        stops its waiting, called if the asker hangs up first (or asks again).
     server_tls, client_tls : ssl.SSLContext, optional
         TLS contexts for accepted and opened connections (both or neither).
     """
@@ -151,7 +138,7 @@ class SocketTransport:
     def __init__(self, host: str, handle: Callable[[Any], None], sink: Callable[[Any, int], memoryview],
                  token: bytes, server_tls: ssl.SSLContext | None = None,
                  client_tls: ssl.SSLContext | None = None,
-                 serve: Callable[[Any, Callable[[], bool]], Any] | None = None) -> None:
+                 serve: Callable[[Any, Answer], Callable[[], None]] | None = None) -> None:
         self.handle, self.sink, self.serve = handle, sink, serve
         self.token = token
         self.server_tls, self.client_tls = server_tls, client_tls
@@ -177,7 +164,7 @@ class SocketTransport:
         into the buffer its ``sink(meta, nbytes)`` returns, with no copy in between."""
         sock, lock = self._peer(peer)
         payload = pickle.dumps(meta, protocol=5)
-        head = _HEADER.pack(len(payload), _CHUNK) + payload + _LEN.pack(data.nbytes)
+        head = HEADER.pack(len(payload), CHUNK_FRAME) + payload + LENGTH.pack(data.nbytes)
         with lock:
             sock.sendall(head)
             sock.sendall(data)
@@ -211,7 +198,7 @@ class SocketTransport:
                 # handshake here, not in ``wrap_socket``, which closes the socket on failure
                 conn = self.server_tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
                 conn.do_handshake()
-            token = bytes(_recv_exact(conn, len(self.token)))
+            token = bytes(recv_exact(conn, len(self.token)))
         except (ssl.SSLError, ConnectionError, OSError) as e:
             logger.warning("pathdask: refused a peer connection (%s: %s)", type(e).__name__, e)
             self.rejected += 1
@@ -230,16 +217,21 @@ class SocketTransport:
         conn = self._authenticate(raw)
         if conn is None:
             return
+        asked: Answer | None = None  # the last request's answer
+        write_lock = threading.Lock()
         try:
             while not self.closing:
-                size, nbuf = _HEADER.unpack(_recv_exact(conn, _HEADER.size))
-                if nbuf == _CHUNK:
-                    self._receive_chunk(conn, pickle.loads(_recv_exact(conn, size)))
+                size, nbuf = HEADER.unpack(recv_exact(conn, HEADER.size))
+                if nbuf == CHUNK_FRAME:
+                    self._receive_chunk(conn, pickle.loads(recv_exact(conn, size)))
                     continue
-                message = _read_payload(conn, size, nbuf)
+                message = read_payload(conn, size, nbuf)
                 if isinstance(message, tuple) and message and message[0] == REQUEST:
                     # a client's request, answered on its connection: it waits for nothing else
-                    write_message(conn, self._serve(message[1], conn))
+                    if asked is not None and not asked.done:  # a client asks one thing at a time
+                        conn.shutdown(socket.SHUT_RDWR)
+                        raise ConnectionError("a client asked again before its answer")
+                    asked = self._serve(message[1], conn, write_lock)
                     continue
                 try:
                     self.handle(message)
@@ -247,25 +239,33 @@ class SocketTransport:
                     logger.exception("pathdask: failed to handle a message from a peer host")
         except (ConnectionError, OSError):
             pass  # the peer went away or we are closing
+        finally:
+            if asked is not None and not asked.done:
+                asked.abandon()
 
-    def _serve(self, request: Any, conn: socket.socket) -> Any:
+    def _serve(self, request: Any, conn: socket.socket, write_lock: threading.Lock) -> Answer:
+        """Take a request; on TLS, also wait until its answer is out, or until the asker hung
+        up (readable means EOF, a reset, or a second request before this answer)."""
+        answer = Answer(conn, write_lock, waited=isinstance(conn, ssl.SSLSocket))
         if self.serve is None:
-            return ("error", RuntimeError("this transport answers no requests"))
-
-        def gone() -> bool:
-            """The asker closed its end (or we are closing): nothing will read the answer.
-            Readable means EOF, a reset, or a second request before this answer: all end it."""
-            return self.closing or readable_now(conn)
-
-        try:
-            return self.serve(request, gone)
-        except Exception as e:  # noqa: BLE001 - the asker gets it, typed
-            logger.exception("pathdask: failed to answer a request")
-            return ("error", RuntimeError(f"{type(e).__name__}: {e}"))
+            answer.give(("error", RuntimeError("this transport answers no requests")))
+        else:
+            try:
+                answer.stop = self.serve(request, answer)
+            except Exception as e:  # noqa: BLE001 - the asker gets it, typed
+                logger.exception("pathdask: failed to answer a request")
+                answer.give(("error", RuntimeError(f"{type(e).__name__}: {e}")))
+        if answer.given is not None:
+            while not answer.given.wait(POLL_S):
+                if self.closing or readable_now(conn):
+                    answer.abandon()
+            if answer.large is not None:
+                answer.write(answer.large)
+        return answer
 
     def _receive_chunk(self, conn: socket.socket, meta: Any) -> None:
-        (n,) = _LEN.unpack(_recv_exact(conn, _LEN.size))
-        _recv_into(conn, self.sink(meta, n))
+        (n,) = LENGTH.unpack(recv_exact(conn, LENGTH.size))
+        recv_into(conn, self.sink(meta, n))
         try:
             self.handle((CHUNK, meta, n))
         except Exception:
