@@ -56,9 +56,10 @@ def test_a_round_trip_grows_by_twice_the_delay(lines):
             lines.set_shape("a", Shape(delay=delay))  # a to b late, b to a on time
             lines.set_shape("b", Shape(delay=delay))  # and b to a as late: one delay each way
             added = _median_rtt(lines, 30) - base
-            # never early; late by at most a wake-up or two of a busy machine
-            assert 2 * delay - 1e-4 <= added <= 2 * delay + 3e-3, (delay, added, base)
-    assert base < 2e-3, base  # the line itself, undelayed, adds well under a millisecond
+            # never early; late by no more than a loaded machine's wake-ups (at 20 ms, well
+            # short of a delay applied twice each way)
+            assert 2 * delay - 1e-4 <= added <= 2 * delay + 10e-3, (delay, added, base)
+    assert base < 10e-3, base  # the line itself, undelayed, adds no delay of its own
 
 
 @pytest.mark.timeout(120)
