@@ -78,13 +78,11 @@ class Endings:
         del self.waiting[pid]
         return True, entry[0], entry[3]
 
-    def forget_host(self, host: str) -> list[str]:
+    def forget_host(self, host: str) -> None:
         """``host`` left: programs whose subtree holds it will not report (the scheduler
-        ended them already); forget them. Returns their pids."""
-        gone = [pid for pid, entry in self.waiting.items() if host in entry[2]]
-        for pid in gone:
+        ended them already); forget them."""
+        for pid in [pid for pid, entry in self.waiting.items() if host in entry[2]]:
             del self.waiting[pid]
-        return gone
 
     def forget(self, pid: str) -> None:
         self.waiting.pop(pid, None)

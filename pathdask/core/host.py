@@ -218,7 +218,7 @@ class HostCore:
         out: list[Instruction] = []
         for entry in programs:
             slot, prev = entry[3], entry[4]
-            if slot <= self.last_slot or prev in self.early_orders:
+            if self._ordered_already(slot, prev):
                 continue  # it came before (ordered again after a relay was lost)
             if prev != self.last_slot:
                 self.early_orders[prev] = entry
@@ -227,6 +227,11 @@ class HostCore:
             while self.last_slot in self.early_orders:
                 out += self._slot(self.early_orders.pop(self.last_slot))
         return out
+
+    def _ordered_already(self, slot: int, prev: int) -> bool:
+        """Whether the order of slot ``slot`` (after ``prev``) came here before: it took its
+        place, or waits for the one before it."""
+        return slot <= self.last_slot or prev in self.early_orders
 
     def _slot(self, entry: tuple[str, str, list[int], int, int]) -> list[Instruction]:
         pid, client, devices, slot, _prev = entry
@@ -255,8 +260,7 @@ class HostCore:
         if order is not None:
             pid, client, slot, parts = order
             devices, prev = parts[0]
-            if (slot > self.last_slot and prev not in self.early_orders and pid not in self.cut
-                    and self._reports(hosts)):
+            if not self._ordered_already(slot, prev) and pid not in self.cut and self._reports(hosts):
                 self.endings.start(pid, msg.parent, children, hosts)  # not ordered here already
             out += self.order([(pid, client, devices, slot, prev)])
         if msg.release is not None:

@@ -274,9 +274,10 @@ class SchedulerCore:
                     del self.readers[producer]
 
     def key_forgotten(self, key: Any, owner_left: bool = False) -> list[Instruction]:
-        """The scheduler forgot an output key: its hosts free the buffers it owned, once the
-        programs that read them ended. ``owner_left``: forgotten because the host holding the
-        key left; the other hosts keep their shards until the client lets go of the key."""
+        """The scheduler forgot an output key: its hosts free the buffers it owned, behind the
+        dispatches of the programs that read them (:meth:`_release`). ``owner_left``: forgotten
+        because the host holding the key left; the other hosts keep their shards until the
+        client lets go of the key."""
         out = self.output_owners.pop(key, None)
         if out is None:
             return []
