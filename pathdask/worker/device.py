@@ -169,7 +169,6 @@ class DeviceStream:
                 mark("run", pid)
                 begin = time.perf_counter()
                 clock = run_op(self.host, prog, self.info, op, clock if last_end is not None else None)
-                self.gangs_run += 1
                 end = time.perf_counter()
                 with self.cond:
                     if last_end is not None:

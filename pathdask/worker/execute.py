@@ -133,6 +133,7 @@ def run_op(rt: Host, prog: HostProgram, device: DeviceInfo, op: Op, clock: float
             rt.store.fail((prog.pid, o.vid), dev, cause)
         if not isinstance(e, Aborted):
             rt.abort_gang(prog, gang, cause)
+        rt.account(dev, 0.0)
         mark("ran", prog.pid)
         return time.perf_counter()
     mark("ran", prog.pid)  # before the values are stored: storing the last one answers its fetch

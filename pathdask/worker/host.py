@@ -38,7 +38,8 @@ class Host(Protocol):
         """``device``'s body returned after ``collectives`` collectives; raises on a mismatch."""
 
     def account(self, device: int, seconds: float) -> None:
-        """Count ``seconds`` of modelled busy time on ``device``."""
+        """A gang ended on ``device`` after ``seconds`` of modelled busy time (0: it failed).
+        Counted before its values are stored: storing the last one answers a waiting fetch."""
 
     def gang_done(self, prog: HostProgram, device: int, gang: int) -> None:
         """Sequential dispatch: a gated gang ran on ``device``."""

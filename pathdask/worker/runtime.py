@@ -480,7 +480,9 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
         await fut
 
     def account(self, device: int, seconds: float) -> None:
-        self.streams[device].busy_s += seconds
+        stream = self.streams[device]
+        stream.busy_s += seconds
+        stream.gangs_run += 1
 
 
 def runtime() -> HostRuntime:
