@@ -14,7 +14,9 @@ once with :class:`IncompatibleDaskError`, naming what is missing.
 
 from __future__ import annotations
 
+import logging
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
@@ -22,13 +24,19 @@ from typing import TYPE_CHECKING, Any
 import distributed
 from distributed import Future
 from distributed.batched import BatchedSend
+from distributed.comm import CommClosedError
+from distributed.comm.inproc import InProc
+from distributed.comm.tcp import TCP
 
 if TYPE_CHECKING:
     from distributed import Client, Scheduler, Worker
 
+logger = logging.getLogger("pathdask.compat")
+
 __all__ = [
     "TESTED", "IncompatibleDaskError", "UntestedDaskWarning", "check_versions",
-    "flush", "set_interval", "stream_open", "send_to_scheduler", "send_to_worker",
+    "flush", "whole_writes", "set_interval", "stream_open", "send_to_scheduler", "send_to_worker",
+    "flush_to_worker",
     "client_send", "new_futures", "create_keys", "keys_exist", "release_keys", "report_erred",
     "put_data", "unfinished_keys_pinned_to", "restart_when_forgotten", "scheduler_running", "dashboard_application", "dashboard_page_parts",
 ]
@@ -88,16 +96,66 @@ check_versions()
 
 # -- batched streams ----------------------------------------------------------------
 def flush(stream: BatchedSend | None) -> None:
-    """Send what a ``BatchedSend`` holds now, without waiting out its interval.
+    """Send what a ``BatchedSend`` holds now, without waiting out its interval (event loop).
 
-    ``next_deadline`` and ``waker`` are the stream's own pacing: its background sender
-    waits on ``waker`` until ``next_deadline``, and sends at once when woken with none.
-    A stream that is not started or already closed is left alone.
+    On a TCP or in-process stream the batch is written here, before this returns: the
+    same write the stream's background sender makes (``comm.write``), without the loop
+    turns it takes to wake it. Otherwise (and until :func:`whole_writes` allows it) the
+    background sender is woken as Dask does (``next_deadline``, ``waker``). A failed
+    write aborts the stream, as the background sender's does. A stream that is not
+    started or already closed is left alone.
     Public replacement: a ``BatchedSend.flush()`` (none exists).
     """
-    if stream is not None and stream.buffer and stream.next_deadline is not None:
-        stream.next_deadline = None
-        stream.waker.set()
+    if stream is None or not stream.buffer:
+        return
+    if not whole_writes(stream):
+        if stream.next_deadline is not None:
+            stream.next_deadline = None
+            stream.waker.set()
+        return
+    comm = stream.comm
+    payload, stream.buffer = stream.buffer, []
+    stream.batch_count += 1
+    write = comm.write(payload, serializers=stream.serializers, on_error="raise")
+    try:
+        write.send(None)
+    except StopIteration as written:
+        stream.byte_count += written.value
+        return
+    except CommClosedError:
+        logger.info("pathdask: stream %r closed", comm)
+    except Exception:
+        logger.exception("pathdask: error writing a batch")
+    else:  # pragma: no cover - a TCP write without offload, or an in-process one, never waits
+        logger.error("pathdask: a write on %r waited; the stream is aborted", comm)
+    finally:
+        write.close()
+    stream.abort()
+
+
+def whole_writes(stream: BatchedSend) -> bool:
+    """Make every write on ``stream``'s comm whole before the event loop turns; whether a
+    write of its own (:func:`flush`) keeps the stream's batches in order already.
+
+    A TCP write queues its frames on the socket at once, and an in-process one its
+    message, unless it serializes a large message in a thread first (``allow_offload``):
+    that is turned off here, for the comm's life, which also spares each write
+    ``safe_sizeof``'s walk of the batch. A write that suspended before has ended once a
+    batch was taken after this (``batch_count``): from then on, a write made by anyone
+    is whole, and batches go in the order they were taken.
+    """
+    comm = stream.comm
+    if comm is None or stream.please_stop or comm.closed() or not isinstance(comm, (TCP, InProc)):
+        return False
+    after = _whole_after.get(comm)
+    if after is None:
+        comm.allow_offload = False
+        _whole_after[comm] = after = stream.batch_count
+    return stream.batch_count > after
+
+
+#: comms whose writes are whole: the stream's ``batch_count`` when that began (see ``whole_writes``)
+_whole_after: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def set_interval(stream: BatchedSend, seconds: float) -> float:
@@ -148,6 +206,11 @@ def send_to_worker(scheduler: Scheduler, address: str, msg: dict[str, Any], now:
     if now:
         flush(stream)
     return True
+
+
+def flush_to_worker(scheduler: Scheduler, address: str) -> None:
+    """Send at once what the scheduler's stream to worker ``address`` holds (see :func:`flush`)."""
+    flush(scheduler.stream_comms.get(address))
 
 
 def client_send(client: Client, msg: dict[str, Any]) -> None:

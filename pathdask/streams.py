@@ -8,7 +8,12 @@ release, an acknowledgement), not a program call that a client waits for.
 
 So pathdask's own messages (calls, orders and dispatches) go at once
 (:func:`flush` after them), taking along whatever Dask queued before them, in
-order. Dask's messages keep batching at Dask's intervals, and mostly ride with
+order. :func:`flush` writes the batch itself, on the event loop that sent it:
+waking the stream's sender instead would write it some loop turns later, behind
+whatever those turns run (on an embedded system, the client's and scheduler's
+work on the same loop). The scheduler sends the records of a call's hosts, then
+flushes each host's stream once, so a host reads its orders and dispatches in one
+batch. Dask's messages keep batching at Dask's intervals, and mostly ride with
 the next call. A client that waits for each result thus sends one message per
 call, the scheduler one per host, and each host one back:
 
@@ -39,11 +44,13 @@ from typing import Any
 import dask
 from dask.utils import parse_timedelta
 
-from .compat import flush, set_interval
+from .compat import flush, set_interval, whole_writes
 
-__all__ = ["flush", "pace"]
+__all__ = ["flush", "pace", "whole_writes"]
 
 
 def pace(stream: Any) -> None:
-    """Set a host's stream to the scheduler to batch at ``pathdask.stream-interval``."""
+    """Set a host's stream to the scheduler to batch at ``pathdask.stream-interval``, with
+    writes that need no size check (``compat.whole_writes``)."""
     set_interval(stream, parse_timedelta(dask.config.get("pathdask.stream-interval")))
+    whole_writes(stream)

@@ -3,16 +3,18 @@
 import asyncio
 import gc
 
+import dask
 import numpy as np
+from dask.utils import parse_bytes
 from distributed.batched import BatchedSend
 from distributed.comm import connect, listen
 
 from pathdask import P, function
 from pathdask.protocol import Dispatch
-from pathdask.streams import flush
+from pathdask.streams import flush, whole_writes
 
 
-async def _pair(interval: str) -> tuple[BatchedSend, "asyncio.Queue[object]", object]:
+async def _pair(interval: str, where: str = "inproc://") -> tuple[BatchedSend, "asyncio.Queue[object]", object]:
     got: asyncio.Queue[object] = asyncio.Queue()
 
     async def handle(comm):  # the other side reads batches until the stream closes
@@ -24,7 +26,7 @@ async def _pair(interval: str) -> tuple[BatchedSend, "asyncio.Queue[object]", ob
             for m in batch:
                 got.put_nowait(m)
 
-    listener = await listen("inproc://", handle)
+    listener = await listen(where, handle)
     stream = BatchedSend(interval=interval)
     stream.start(await connect(listener.contact_address))
     return stream, got, listener
@@ -43,6 +45,28 @@ def test_flush_sends_what_a_stream_holds_without_waiting_out_its_interval():
         stream.send("again")
         flush(stream)
         assert await asyncio.wait_for(got.get(), 10) == "again"
+        await stream.close()
+        listener.stop()
+
+    asyncio.run(go())
+
+
+def test_flush_writes_the_batch_itself_in_order_once_writes_are_whole():
+    async def go():
+        stream, got, listener = await _pair("1h", "tcp://127.0.0.1:0")
+        stream.send("first")  # Dask's own send of an idle stream: its background sender writes it
+        assert await asyncio.wait_for(got.get(), 10) == "first"
+        stream.send("second")
+        flush(stream)  # the first flush only makes writes whole; the sender takes this batch
+        assert await asyncio.wait_for(got.get(), 10) == "second"
+        assert whole_writes(stream) and not stream.comm.allow_offload
+        big = b"x" * (parse_bytes(dask.config.get("distributed.comm.offload")) + 1)  # was written from a thread
+        stream.send("third", big)
+        flush(stream)
+        assert stream.buffer == [] and stream.batch_count == 3  # written here, not by the sender
+        stream.send("fourth")
+        flush(stream)
+        assert [await asyncio.wait_for(got.get(), 10) for _ in range(3)] == ["third", big, "fourth"]
         await stream.close()
         listener.stop()
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import dask
 import numpy as np
 
 from .. import P
@@ -67,7 +68,8 @@ def sweep(hosts: int, cfg: Config, echo: Callable[[str], Any]) -> dict[str, Any]
     rates: dict[str, dict[str, float | None]] = {}
     reach: dict[str, float | None] = dict.fromkeys(SHAPES)
     start = time.perf_counter()
-    with LocalSystem(topology_for(hosts), processes=False, dashboard_address=None) as system:
+    with dask.config.set({"pathdask.scheduler.meter": True}), \
+            LocalSystem(topology_for(hosts), processes=False, dashboard_address=None) as system:
         client = system.client(name=f"bench-hosts-{hosts}")
         mesh = client.mesh({"x": hosts}, island=0)
         workers = [d.address for d in mesh.devices]

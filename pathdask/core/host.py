@@ -298,12 +298,10 @@ class HostCore:
     def calls(self, client: str, calls: list[tuple[str, str, list[Any], list[tuple[Any, int]]]]
               ) -> list[Instruction]:
         """Calls reached this host, each ``(pid, plan id, argument keys, output keys owned
-        here)``: their keys' handles go in the worker's data at once, and each call's part
-        is registered. A call that fails is dropped here and the scheduler is told."""
+        here)``: each call's part is registered (its devices may start), then their keys'
+        handles go in the worker's data at once, before anything else this host hears of
+        them. A call that fails is dropped here and the scheduler is told."""
         out: list[Instruction] = []
-        data = {as_key(k): (pid, j) for pid, _, _, outputs in calls for k, j in outputs}
-        if data:
-            out.append(PutHandles(data, f"pathdask-call-{calls[0][0]}"))
         for pid, plan, inputs, _ in calls:
             done = self.dispatch(pid, plan, tuple((str(p), int(v)) for p, v in inputs), client)
             last = done[-1] if done else None
@@ -312,6 +310,9 @@ class HostCore:
                 done[-1:] = []
                 done.append(Tell(DispatchFailed(pid, f"{type(e).__name__}: {e}", e)))
             out += done
+        data = {as_key(k): (pid, j) for pid, _, _, outputs in calls for k, j in outputs}
+        if data:
+            out.append(PutHandles(data, f"pathdask-call-{calls[0][0]}"))
         return out
 
     def dispatch(self, pid: str, plan: HostPlan | str, inputs: tuple[BufferKey, ...], client: str,

@@ -2,6 +2,10 @@
 
 ``pathdask bench dispatch --hosts`` reads it (``client.device_stats()["scheduler"]``)
 to show how that work grows with the number of hosts a call uses, and where it goes.
+
+It counts calls always, and times parts only where ``pathdask.scheduler.meter`` is
+on (the benchmarks and calibrations that read it set it): reading a thread's CPU
+clock is a system call, several per call, on the path of every call.
 """
 
 from __future__ import annotations
@@ -28,17 +32,26 @@ class CallMeter:
     the scheduler's event loop (``time.thread_time``: hosts' threads in the same process do
     not count). Dask's own reading and writing of the messages is not in it."""
 
-    __slots__ = ("calls", "parts")
+    __slots__ = ("calls", "parts", "on")
 
-    def __init__(self) -> None:
+    def __init__(self, on: bool = True) -> None:
         self.calls = 0
         self.parts = dict.fromkeys(PARTS, 0.0)
+        #: whether parts are timed (calls are counted either way)
+        self.on = on
+
+    def now(self) -> float:
+        """The start of a part: this thread's CPU clock, or 0 when parts are not timed."""
+        return time.thread_time() if self.on else 0.0
 
     def lap(self, part: str, start: float) -> float:
         """Add the CPU time since ``start`` to ``part``; returns now, the next part's start."""
+        if not self.on:
+            return 0.0
         now = time.thread_time()
         self.parts[part] += now - start
         return now
 
     def snapshot(self) -> dict[str, Any]:
-        return {"calls": self.calls, "plugin_cpu_s": sum(self.parts.values()), "parts_s": dict(self.parts)}
+        return {"calls": self.calls, "metered": self.on, "plugin_cpu_s": sum(self.parts.values()),
+                "parts_s": dict(self.parts)}

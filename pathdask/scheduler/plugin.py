@@ -27,6 +27,7 @@ from distributed.protocol.pickle import dumps
 from .. import gctune
 from ..compat import (
     create_keys,
+    flush_to_worker,
     keys_exist,
     on_client_releases_keys,
     release_keys,
@@ -129,7 +130,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         fanout = dask.config.get("pathdask.fanout")
         self.core = SchedulerCore(self.policy, ordering=self.ordering, degree=int(fanout["degree"]),
                                   threshold=int(fanout["threshold"]))
-        self.meter = CallMeter()
+        self.meter = CallMeter(on=bool(dask.config.get("pathdask.scheduler.meter", False)))
         self.resources = ResourceManager(self.topology)
         self.interruptions = Interruptions(scheduler, self.resources)
         #: address -> the suspend its retirement started (``log_event``)
@@ -240,7 +241,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
             self.apply(self.core.submit(client, info))
 
     def program_done(self, worker: str, msg: ProgramDone) -> None:
-        start = time.thread_time()
+        start = self.meter.now()
         self.apply(self.core.program_done(worker, msg.pid))
         self.meter.lap("ended", start)
 
@@ -283,7 +284,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         not exist yet), then the core takes it: its parts join ``batch``, it is slotted."""
         meter = self.meter
         meter.calls += 1
-        start = time.thread_time()
+        start = self.meter.now()
         self.core.check_call(call, self.scheduler.workers)
         keys: dict[str, list[Any]] = {}
         for k, _j, owner in call["outputs"]:
@@ -301,11 +302,14 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         mark("taken", call["pid"])
 
     def _forward(self, client: str, batch: dict[str, list[tuple[Any, ...]]]) -> None:
-        """Send each host its calls of one message as one message: the host puts all their
-        output keys' handles in its data at once."""
-        start = time.thread_time()
+        """Send each host its calls of one message as one message (the host puts all their
+        output keys' handles in its data at once), in one write with the records queued for
+        it while the calls were taken (their orders)."""
+        start = self.meter.now()
         for addr, calls in batch.items():
-            self.tell(addr, Dispatch(client, calls))
+            if calls:
+                self.tell(addr, Dispatch(client, calls), now=False)
+            flush_to_worker(self.scheduler, addr)  # with the orders queued before, as one write
         self.meter.lap("forward", start)
         if recording():
             for pid in {entry[0] for calls in batch.values() for entry in calls}:
@@ -331,7 +335,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
                 pid, f"the dispatch of program {pid} failed on host {kwargs.get('worker')}: {text}",
                 kwargs.get("exception")))
         elif finish == "forgotten":
-            began = time.thread_time()
+            began = self.meter.now()
             owner = self.core.output_owners.get(key)
             self.apply(self.core.key_forgotten(key, owner_left=owner is not None
                                                and owner.owner not in self.scheduler.workers))
@@ -343,7 +347,9 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         """Carry out the core's instructions, in order; ``batch`` gathers forwarded calls."""
         for ins in instructions:
             if isinstance(ins, Send):
-                if not self.tell(ins.host, ins.msg, ins.now) and isinstance(ins.msg, Order):
+                if batch is not None and ins.now:  # goes with the batch's dispatches (``_forward``)
+                    batch.setdefault(ins.host, [])
+                if not self.tell(ins.host, ins.msg, ins.now and batch is None) and isinstance(ins.msg, Order):
                     logger.error("pathdask: programs %s use host %s, which is gone",
                                  [p for p, *_ in ins.msg.programs], ins.host)
             elif isinstance(ins, SendAll):

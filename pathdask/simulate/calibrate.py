@@ -57,6 +57,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+import dask
 import numpy as np
 
 from .. import P
@@ -268,7 +269,8 @@ def measure(k: int = 64, repeats: int = 5, echo: Echo = print) -> dict[str, Any]
 
 
 def _measure_all(topology: Any, raw: dict[str, Any], k: int, repeats: int, meter: SpeedMeter, echo: Echo) -> None:
-    with LocalSystem(topology, processes=False, dashboard_address=None) as system:
+    with dask.config.set({"pathdask.scheduler.meter": True}), \
+            LocalSystem(topology, processes=False, dashboard_address=None) as system:
         assert system.cluster is not None
         # every call to each of its hosts directly: the trees are measured apart (calibrate_tree)
         system.cluster.scheduler.plugins["pathdask"].core.threshold = sys.maxsize

@@ -58,6 +58,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import dask
 import numpy as np
 
 from .. import P
@@ -162,7 +163,8 @@ def measure(k: int, repeats: int, meter: SpeedMeter, echo: Echo = print) -> dict
     of reference seconds per call (divided by the meter's reading during its run)."""
     topology = Topology.from_dict(TOPOLOGY)
     raw: dict[str, Any] = {}
-    with LocalSystem(topology, processes=False, dashboard_address=None) as system:
+    with dask.config.set({"pathdask.scheduler.meter": True}), \
+            LocalSystem(topology, processes=False, dashboard_address=None) as system:
         assert system.cluster is not None
         core = system.cluster.scheduler.plugins["pathdask"].core
         found = core.threshold
