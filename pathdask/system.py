@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Self
 
+import dask
 from distributed import Client as DaskClient
 from distributed import LocalCluster, Scheduler, Security
 
@@ -120,7 +121,11 @@ class LocalSystem(System):
     def start(self) -> Self:
         if self.cluster is not None:
             return self
-        with _workers_ignore_interrupts(self._cluster_kwargs["processes"]):
+        # Dask's statistical profiler samples every thread of every worker each 10 ms; with
+        # the hosts sharing this machine's cores, that takes CPU from the devices and calls
+        # of all of them (pathdask.local-dask-profiler).
+        profiler = {"distributed.worker.profile.enabled": bool(dask.config.get("pathdask.local-dask-profiler"))}
+        with _workers_ignore_interrupts(self._cluster_kwargs["processes"]), dask.config.set(profiler):
             self.cluster = LocalCluster(**self._cluster_kwargs)
         try:
             admin = self._connect_admin(self.cluster)
