@@ -36,7 +36,7 @@ logger = logging.getLogger("pathdask.compat")
 __all__ = [
     "TESTED", "IncompatibleDaskError", "UntestedDaskWarning", "check_versions",
     "flush", "whole_writes", "set_interval", "stream_open", "send_to_scheduler", "send_to_worker",
-    "flush_to_worker",
+    "send_ahead",
     "client_send", "new_futures", "create_keys", "keys_exist", "release_keys", "report_erred",
     "put_data", "unfinished_keys_pinned_to", "restart_when_forgotten", "scheduler_running", "dashboard_application", "dashboard_page_parts",
 ]
@@ -95,26 +95,38 @@ check_versions()
 
 
 # -- batched streams ----------------------------------------------------------------
-def flush(stream: BatchedSend | None) -> None:
-    """Send what a ``BatchedSend`` holds now, without waiting out its interval (event loop).
+def flush(stream: BatchedSend | None, ahead: list[Any] | None = None) -> None:
+    """Send what a ``BatchedSend`` holds now, without waiting out its interval (event loop);
+    ``ahead``, messages not sent yet, go first, before what the stream held.
 
     On a TCP or in-process stream the batch is written here, before this returns: the
     same write the stream's background sender makes (``comm.write``), without the loop
     turns it takes to wake it. Otherwise (and until :func:`whole_writes` allows it) the
-    background sender is woken as Dask does (``next_deadline``, ``waker``). A failed
+    background sender is woken as Dask does (``next_deadline``, ``waker``), and ``ahead``
+    goes after what the stream holds. Written here, ``ahead`` overtakes only messages
+    that wait for the stream's interval (Dask's own, and pathdask's releases), which
+    may arrive later than what follows them: a call's records go first to its hosts,
+    before the previous call's releases. A failed
     write aborts the stream, as the background sender's does. A stream that is not
     started or already closed is left alone.
     Public replacement: a ``BatchedSend.flush()`` (none exists).
     """
-    if stream is None or not stream.buffer:
+    if ahead:
+        assert stream is not None
+        if stream.comm is not None and stream.comm.closed():
+            raise CommClosedError(f"Comm {stream.comm!r} already closed.")  # as BatchedSend.send
+        stream.message_count += len(ahead)
+    if stream is None or not (stream.buffer or ahead):
         return
     if not whole_writes(stream):
-        if stream.next_deadline is not None:
-            stream.next_deadline = None
-            stream.waker.set()
+        # what the stream holds may include messages flushed before: ``ahead`` goes after them
+        stream.buffer.extend(ahead or ())
+        stream.next_deadline = None
+        stream.waker.set()
         return
+    # every flush wrote what the stream held: it now holds only what waits for the interval
     comm = stream.comm
-    payload, stream.buffer = stream.buffer, []
+    payload, stream.buffer = [*(ahead or ()), *stream.buffer], []
     stream.batch_count += 1
     write = comm.write(payload, serializers=stream.serializers, on_error="raise")
     try:
@@ -208,9 +220,14 @@ def send_to_worker(scheduler: Scheduler, address: str, msg: dict[str, Any], now:
     return True
 
 
-def flush_to_worker(scheduler: Scheduler, address: str) -> None:
-    """Send at once what the scheduler's stream to worker ``address`` holds (see :func:`flush`)."""
-    flush(scheduler.stream_comms.get(address))
+def send_ahead(scheduler: Scheduler, address: str, msgs: list[dict[str, Any]]) -> bool:
+    """Send ``msgs`` on the scheduler's stream to worker ``address`` at once, ahead of what the
+    stream holds, which goes with them (see :func:`flush`); ``False`` if it has no stream."""
+    stream = scheduler.stream_comms.get(address)
+    if stream is None:
+        return False
+    flush(stream, msgs)
+    return True
 
 
 def client_send(client: Client, msg: dict[str, Any]) -> None:

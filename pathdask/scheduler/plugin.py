@@ -24,14 +24,14 @@ from distributed.core import error_message
 from distributed.protocol import to_serialize
 from distributed.protocol.pickle import dumps
 
-from .. import gctune
+from .. import tuning
 from ..compat import (
     create_keys,
-    flush_to_worker,
     keys_exist,
     on_client_releases_keys,
     release_keys,
     report_erred,
+    send_ahead,
     send_to_worker,
 )
 from ..core.island import FailKeys, Forward, Instruction, Progress, SchedulerCore, Send, SendAll
@@ -125,7 +125,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         make_policy(self.policy)  # an unknown name fails here, where the system is configured
 
     async def start(self, scheduler: Scheduler, **kwargs: Any) -> None:
-        self.gc_tuning = gctune.tune()  # released in before_close
+        self.tuning = tuning.tune()  # released in before_close
         self.scheduler = scheduler
         fanout = dask.config.get("pathdask.fanout")
         self.core = SchedulerCore(self.policy, ordering=self.ordering, degree=int(fanout["degree"]),
@@ -186,8 +186,8 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         self.liveness.start()
 
     async def before_close(self, **kwargs: Any) -> None:
-        if hasattr(self, "gc_tuning"):
-            self.gc_tuning.release()
+        if hasattr(self, "tuning"):
+            self.tuning.release()
         if hasattr(self, "activity"):
             self.activity.stop()
         if hasattr(self, "liveness"):
@@ -258,7 +258,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         program is dropped on its hosts, so that its results raise. Calls of a client that
         left meanwhile are not made.
         """
-        batch: dict[str, list[tuple[Any, ...]]] = defaultdict(list)  # per host, in call order
+        batch: dict[str, list[Any]] = defaultdict(list)  # per host, in call order
         until = None
         for call in msg.calls:
             if until is not None and time.perf_counter() >= until:
@@ -279,7 +279,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
             until = until if until is not None else time.perf_counter()  # the first call goes alone
         self._forward(client, batch)
 
-    def _call(self, client: str, call: dict[str, Any], batch: dict[str, list[tuple[Any, ...]]]) -> None:
+    def _call(self, client: str, call: dict[str, Any], batch: dict[str, list[Any]]) -> None:
         """One call: its hosts are live, its output keys are made in memory on them (they must
         not exist yet), then the core takes it: its parts join ``batch``, it is slotted."""
         meter = self.meter
@@ -301,18 +301,21 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         meter.lap("order", start)
         mark("taken", call["pid"])
 
-    def _forward(self, client: str, batch: dict[str, list[tuple[Any, ...]]]) -> None:
+    def _forward(self, client: str, batch: dict[str, list[Any]]) -> None:
         """Send each host its calls of one message as one message (the host puts all their
         output keys' handles in its data at once), in one write with the records queued for
         it while the calls were taken (their orders)."""
         start = self.meter.now()
-        for addr, calls in batch.items():
+        for addr, items in batch.items():
+            records = [self._fields(m) for m in items if isinstance(m, Message)]
+            calls = [entry for entry in items if not isinstance(entry, Message)]
             if calls:
-                self.tell(addr, Dispatch(client, calls), now=False)
-            flush_to_worker(self.scheduler, addr)  # with the orders queued before, as one write
+                records.append(self._fields(Dispatch(client, calls)))
+            if not send_ahead(self.scheduler, addr, records):
+                self._gone(addr, records)
         self.meter.lap("forward", start)
         if recording():
-            for pid in {entry[0] for calls in batch.values() for entry in calls}:
+            for pid in {entry[0] for items in batch.values() for entry in items if not isinstance(entry, Message)}:
                 mark("forwarded", pid)
         batch.clear()
 
@@ -343,15 +346,15 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
 
     # -- instructions out --------------------------------------------------------------
     def apply(self, instructions: list[Instruction],
-              batch: dict[str, list[tuple[Any, ...]]] | None = None) -> None:
-        """Carry out the core's instructions, in order; ``batch`` gathers forwarded calls."""
+              batch: dict[str, list[Any]] | None = None) -> None:
+        """Carry out the core's instructions, in order; ``batch`` gathers forwarded calls, and
+        the records to their hosts that go at once, which then go with them (``_forward``)."""
         for ins in instructions:
             if isinstance(ins, Send):
                 if batch is not None and ins.now:  # goes with the batch's dispatches (``_forward``)
-                    batch.setdefault(ins.host, [])
-                if not self.tell(ins.host, ins.msg, ins.now and batch is None) and isinstance(ins.msg, Order):
-                    logger.error("pathdask: programs %s use host %s, which is gone",
-                                 [p for p, *_ in ins.msg.programs], ins.host)
+                    batch[ins.host].append(ins.msg)
+                else:
+                    self.tell(ins.host, ins.msg, ins.now)
             elif isinstance(ins, SendAll):
                 for addr in list(self.resources.hosts):
                     if addr != ins.but:
@@ -372,18 +375,29 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
 
         It goes at once (``streams.py``), unless ``now`` is false: then it waits, as
         Dask's own messages do, for the next that goes at once or the stream's interval.
-        An exception it carries travels serialized.
         """
+        fields = self._fields(msg)
+        return send_to_worker(self.scheduler, addr, fields, now) or self._gone(addr, [fields])
+
+    @staticmethod
+    def _fields(msg: Message) -> dict[str, Any]:
+        """A record as it goes on a stream; an exception it carries travels serialized."""
         fields = encode(msg)
         if isinstance(fields.get("cause"), BaseException):
             fields["cause"] = to_serialize(fields["cause"])
-        if send_to_worker(self.scheduler, addr, fields, now):
-            return True
+        return fields
+
+    def _gone(self, addr: str, records: list[dict[str, Any]]) -> bool:
+        """Records for a host with no stream: whether they still reach it. A retiring host
+        (Dask closed its stream, but it runs until its clients suspended) gets them by RPC,
+        one at a time, in order."""
         if addr in self.leaving and addr in self.resources.hosts:
-            # retiring: Dask already closed its stream, but it runs until its clients
-            # suspended; messages go by RPC, one at a time, in order
-            self._background(self._tell_leaving(addr, fields))
+            for fields in records:
+                self._background(self._tell_leaving(addr, fields))
             return True
+        if any(r.get("kind") == Order.kind for r in records):
+            logger.error("pathdask: programs %s use host %s, which is gone",
+                         [p for r in records if r.get("kind") == Order.kind for p, *_ in r["programs"]], addr)
         return False
 
     def _background(self, coro: Any) -> None:

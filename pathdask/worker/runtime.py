@@ -42,7 +42,7 @@ from distributed import WorkerPlugin
 from distributed.core import error_message
 from distributed.protocol import to_serialize
 
-from .. import gctune
+from .. import tuning
 from ..compat import put_data, send_to_scheduler, worker_stream
 from ..core.host import (
     Declare,
@@ -242,12 +242,12 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
             t.start()
         self.watch = StallWatch(self, parse_timedelta(dask.config.get("pathdask.stall-warning")))
         self.watch.start()
-        self.gc_tuning = gctune.tune()  # released in teardown
+        self.tuning = tuning.tune()  # released in teardown
         logger.info("pathdask host i%d h%d up with devices %s", self.island, self.host, list(self.devices))
 
     async def teardown(self, worker: Worker, **kwargs: Any) -> None:
-        if hasattr(self, "gc_tuning"):
-            self.gc_tuning.release()
+        if hasattr(self, "tuning"):
+            self.tuning.release()
         if not hasattr(self, "streams"):  # setup failed before the devices started
             if hasattr(self, "peers"):
                 await self.peers.close()
