@@ -11,14 +11,17 @@ So pathdask's own messages (calls, orders and dispatches) go at once
 order. :func:`flush` writes the batch itself, on the event loop that sent it:
 waking the stream's sender instead would write it some loop turns later, behind
 whatever those turns run (on an embedded system, the client's and scheduler's
-work on the same loop). The scheduler sends the records of a call's hosts, then
-flushes each host's stream once, so a host reads its orders and dispatches in one
-batch. Dask's messages keep batching at Dask's intervals, and mostly ride with
-the next call. A client that waits for each result thus sends one message per
-call, the scheduler one per host, and each host one back:
+work on the same loop). The scheduler gathers the records of a call message for
+each of its hosts and writes them in one batch (``compat.send_ahead``), ahead of
+what waits on the stream for its interval: a host reads a call's order and
+dispatch first, and wakes its devices before it frees what earlier calls left.
+Dask's messages keep batching at Dask's intervals, and mostly ride with the next
+call. A client that waits for each result thus sends one message per call, the
+scheduler one per host, and each host one back:
 
 - the release of the previous result goes with the next call;
-- the scheduler's ``free-keys`` for it goes with that call's dispatch;
+- the scheduler's ``free-keys`` for it (and pathdask's release of its buffers)
+  goes with that call's dispatch, after it;
 - a host's acknowledgement of that free (``release-worker-data``) goes with
   program endings, because a host's stream batches at
   ``pathdask.stream-interval`` (:func:`pace`), longer than a call.

@@ -171,20 +171,27 @@ def test_a_delayed_order_message_only_delays_and_a_timeout_says_what_waits(fsyst
 
         def hold_orders(dask_scheduler: Any, addr: str = slow) -> None:
             plugin = dask_scheduler.plugins["pathdask"]
-            real, held = plugin.tell, []
+            real, real_ahead, held = plugin.tell, plugin.tell_ahead, []
 
-            def tell(to: str, msg: Order, now: bool = True) -> bool:
+            def holds(to: str, msg: Any) -> bool:
                 if to == addr and isinstance(msg, Order) and plugin.test_holding:
                     held.append(msg)
                     return True
-                return real(to, msg, now)
+                return False
+
+            def tell(to: str, msg: Any, now: bool = True) -> bool:
+                return holds(to, msg) or real(to, msg, now)
+
+            def tell_ahead(to: str, msgs: list[Any]) -> bool:
+                return real_ahead(to, [m for m in msgs if not holds(to, m)])
 
             def release() -> None:
                 plugin.test_holding = False
                 for msg in held:
                     real(addr, msg)
 
-            plugin.test_holding, plugin.tell, plugin.test_release = True, tell, release
+            plugin.test_holding, plugin.tell, plugin.tell_ahead = True, tell, tell_ahead
+            plugin.test_release = release
 
         client.dask.run_on_scheduler(hold_orders)
         y = plus_sum(x)
@@ -193,8 +200,8 @@ def test_a_delayed_order_message_only_delays_and_a_timeout_says_what_waits(fsyst
         assert "waiting for pieces" in str(fsystem.diagnose())
         client.dask.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["pathdask"].test_release())
         np.testing.assert_array_equal(y.result(timeout=30), np.full(4, 5.0))
-        client.dask.run_on_scheduler(
-            lambda dask_scheduler: delattr(dask_scheduler.plugins["pathdask"], "tell"))
+        client.dask.run_on_scheduler(lambda dask_scheduler: [delattr(dask_scheduler.plugins["pathdask"], name)
+                                                             for name in ("tell", "tell_ahead")])
         del x, y
     assert_clean(fsystem)
 

@@ -374,8 +374,10 @@ def test_a_program_dropped_before_its_slot_withdraws_every_read_it_declared():
     out = core.calls("a", [("p1", "plan-p1", [["p0", 1]], [("p1-out-h0", 0)])])
     declared = sorted((i.key, i.device) for i in out if isinstance(i, H.Declare) and i.consumers)
     assert declared == [(("p0", 1), 0), (("p0", 1), 1)]
-    assert isinstance(out[-1], H.Register)  # the ledger learns of it only after the counts
-    assert core.register(out[-1].prog, out[-1].enqueue) == [H.Wake((0, 1))]
+    *registered, put = out
+    assert isinstance(put, H.PutHandles) and ("p1-out-h0",) == tuple(put.data)  # after the registration
+    assert isinstance(registered[-1], H.Register)  # the ledger learns of it only after the counts
+    assert core.register(registered[-1].prog, registered[-1].enqueue) == [H.Wake((0, 1))]
     dropped = core.drop_client("a")
     withdrawn = sorted((i.key, i.device) for i in dropped if isinstance(i, H.Release) and i.consumers)
     assert withdrawn == declared

@@ -352,7 +352,9 @@ def test_calibration_measures_every_cost_on_the_real_system_and_the_model_runs_o
     for hosts in ("2", "4", "8"):
         assert tree[hosts]["direct"]["fanned"] == 0 and tree[hosts]["tree"]["fanned"] == 1
         assert tree[hosts]["tree"]["fan"] > 0 and tree[hosts]["tree"]["subtree"] > 0 and tree[hosts]["direct"]["fan"] == 0
-    assert costs.relay_forward_s > 0 and costs.relay_done_s > 0 and "measured with the rest" in costs.source["fanout"]
+    # each child costs its relay something; the ending's share may fit to 0 on so few calls: a tree's
+    # ending up replaces the scheduler's reading of each host's, at about the same cost
+    assert costs.relay_forward_s > 0 and costs.relay_done_s >= 0 and "measured with the rest" in costs.source["fanout"]
     # the handler's take-in is measured, and is a part of the scheduler's CPU per call
     take, after = costs.scheduler_s(2)
     assert 0 < take < take + after and costs.scheduler_s(2, lone=True)[1] == 0.0

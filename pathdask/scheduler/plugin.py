@@ -307,12 +307,11 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         it while the calls were taken (their orders)."""
         start = self.meter.now()
         for addr, items in batch.items():
-            records = [self._fields(m) for m in items if isinstance(m, Message)]
+            records = [m for m in items if isinstance(m, Message)]
             calls = [entry for entry in items if not isinstance(entry, Message)]
             if calls:
-                records.append(self._fields(Dispatch(client, calls)))
-            if not send_ahead(self.scheduler, addr, records):
-                self._gone(addr, records)
+                records.append(Dispatch(client, calls))
+            self.tell_ahead(addr, records)
         self.meter.lap("forward", start)
         if recording():
             for pid in {entry[0] for items in batch.values() for entry in items if not isinstance(entry, Message)}:
@@ -378,6 +377,12 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         """
         fields = self._fields(msg)
         return send_to_worker(self.scheduler, addr, fields, now) or self._gone(addr, [fields])
+
+    def tell_ahead(self, addr: str, msgs: list[Message]) -> bool:
+        """Send records to host ``addr`` at once, in one write, ahead of what waits on its
+        stream for the stream's interval (``compat.flush``); ``False`` if the host is gone."""
+        fields = [self._fields(m) for m in msgs]
+        return send_ahead(self.scheduler, addr, fields) or self._gone(addr, fields)
 
     @staticmethod
     def _fields(msg: Message) -> dict[str, Any]:
