@@ -205,14 +205,15 @@ def send_to_scheduler(worker: Worker, msg: dict[str, Any], now: bool = True) -> 
 
 
 def send_to_worker(scheduler: Scheduler, address: str, msg: dict[str, Any], now: bool = True) -> bool:
-    """Send ``msg`` on the scheduler's stream to worker ``address``; ``False`` if it has none.
+    """Send ``msg`` on the scheduler's stream to worker ``address``; ``False`` if it has none,
+    or its comm closed.
 
     ``stream_comms`` is the scheduler's table of batched streams to workers;
     ``Scheduler.send_all`` would do, but silently drops messages to a gone worker.
     Public replacement: a ``send_to_worker`` that reports a missing stream (none exists).
     """
     stream = scheduler.stream_comms.get(address)
-    if stream is None:
+    if stream is None or _closed(stream):
         return False
     stream.send(msg)
     if now:
@@ -224,10 +225,16 @@ def send_ahead(scheduler: Scheduler, address: str, msgs: list[dict[str, Any]]) -
     """Send ``msgs`` on the scheduler's stream to worker ``address`` at once, ahead of what the
     stream holds, which goes with them (see :func:`flush`); ``False`` if it has no stream."""
     stream = scheduler.stream_comms.get(address)
-    if stream is None:
+    if stream is None or _closed(stream):
         return False
     flush(stream, msgs)
     return True
+
+
+def _closed(stream: BatchedSend) -> bool:
+    """Whether a started stream's comm is closed: the worker is leaving, and Dask removes the
+    stream soon (its ``send`` would raise meanwhile)."""
+    return stream.comm is not None and stream.comm.closed()
 
 
 def client_send(client: Client, msg: dict[str, Any]) -> None:

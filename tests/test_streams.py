@@ -2,6 +2,7 @@
 
 import asyncio
 import gc
+from types import SimpleNamespace
 
 import dask
 import numpy as np
@@ -10,6 +11,7 @@ from distributed.batched import BatchedSend
 from distributed.comm import connect, listen
 
 from pathdask import P, function
+from pathdask.compat import send_ahead, send_to_worker
 from pathdask.protocol import Dispatch
 from pathdask.streams import flush, whole_writes
 
@@ -68,6 +70,20 @@ def test_flush_writes_the_batch_itself_in_order_once_writes_are_whole():
         flush(stream)
         assert [await asyncio.wait_for(got.get(), 10) for _ in range(3)] == ["third", big, "fourth"]
         await stream.close()
+        listener.stop()
+
+    asyncio.run(go())
+
+
+def test_a_worker_whose_comm_closed_is_told_nothing_and_reported_gone():
+    async def go():
+        stream, got, listener = await _pair("1h", "tcp://127.0.0.1:0")
+        scheduler = SimpleNamespace(stream_comms={"w": stream})
+        assert send_to_worker(scheduler, "w", {"op": "first"}) and send_ahead(scheduler, "w", [{"op": "ahead"}])
+        assert [await asyncio.wait_for(got.get(), 10) for _ in range(2)] == [{"op": "first"}, {"op": "ahead"}]
+        stream.comm.abort()  # the worker left; Dask removes its stream a moment later
+        assert not send_to_worker(scheduler, "w", {"op": "late"}) and not send_ahead(scheduler, "w", [{"op": "late"}])
+        assert not send_to_worker(SimpleNamespace(stream_comms={}), "w", {"op": "none"})
         listener.stop()
 
     asyncio.run(go())
