@@ -113,7 +113,7 @@ def flush(stream: BatchedSend | None, ahead: list[Any] | None = None) -> None:
     """
     if ahead:
         assert stream is not None
-        if stream.comm is not None and stream.comm.closed():
+        if stream.closed():
             raise CommClosedError(f"Comm {stream.comm!r} already closed.")  # as BatchedSend.send
         stream.message_count += len(ahead)
     if stream is None or not (stream.buffer or ahead):
@@ -213,7 +213,7 @@ def send_to_worker(scheduler: Scheduler, address: str, msg: dict[str, Any], now:
     Public replacement: a ``send_to_worker`` that reports a missing stream (none exists).
     """
     stream = scheduler.stream_comms.get(address)
-    if stream is None or _closed(stream):
+    if stream is None or stream.closed():  # a leaving worker's: Dask removes it soon
         return False
     stream.send(msg)
     if now:
@@ -225,16 +225,11 @@ def send_ahead(scheduler: Scheduler, address: str, msgs: list[dict[str, Any]]) -
     """Send ``msgs`` on the scheduler's stream to worker ``address`` at once, ahead of what the
     stream holds, which goes with them (see :func:`flush`); ``False`` if it has no stream."""
     stream = scheduler.stream_comms.get(address)
-    if stream is None or _closed(stream):
+    if stream is None or stream.closed():  # a leaving worker's: Dask removes it soon
         return False
     flush(stream, msgs)
     return True
 
-
-def _closed(stream: BatchedSend) -> bool:
-    """Whether a started stream's comm is closed: the worker is leaving, and Dask removes the
-    stream soon (its ``send`` would raise meanwhile)."""
-    return stream.comm is not None and stream.comm.closed()
 
 
 def client_send(client: Client, msg: dict[str, Any]) -> None:

@@ -284,7 +284,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         not exist yet), then the core takes it: its parts join ``batch``, it is slotted."""
         meter = self.meter
         meter.calls += 1
-        start = self.meter.now()
+        start = meter.now()
         self.core.check_call(call, self.scheduler.workers)
         keys: dict[str, list[Any]] = {}
         for k, _j, owner in call["outputs"]:
