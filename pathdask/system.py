@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any, Self
 
 import dask
+from dask.utils import parse_timedelta
 from distributed import Client as DaskClient
 from distributed import LocalCluster, Scheduler, Security
 
@@ -18,7 +19,7 @@ from .scheduler.plugin import PathwaysScheduler
 from .systems import System
 from .topology import Topology
 
-__all__ = ["LocalSystem", "default_topology"]
+__all__ = ["LocalSystem", "default_topology", "local_dask_intervals"]
 
 DEFAULT_TOPOLOGY = "local"
 
@@ -44,6 +45,34 @@ def _workers_ignore_interrupts(processes: bool) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+#: ``pathdask.local-dask-intervals`` -> the Dask setting each one sets
+DASK_INTERVALS = {
+    "tick": "distributed.admin.tick.interval",
+    "system-monitor": "distributed.admin.system-monitor.interval",
+    "memory-monitor": "distributed.worker.memory.monitor-interval",
+}
+
+
+def local_dask_intervals() -> dict[str, str]:
+    """The Dask settings of a ``LocalSystem``'s periodic monitors (``pathdask.local-dask-intervals``):
+    an interval left ``null`` keeps Dask's. A bad value fails here, naming the setting."""
+    chosen = dask.config.get("pathdask.local-dask-intervals") or {}
+    unknown = set(chosen) - set(DASK_INTERVALS)
+    if unknown:
+        raise ValueError(f"pathdask.local-dask-intervals has no {sorted(unknown)}; it sets {sorted(DASK_INTERVALS)}")
+    out = {}
+    for name, value in chosen.items():
+        if value is None:
+            continue
+        try:
+            parse_timedelta(value)
+        except (ValueError, TypeError, KeyError):
+            raise ValueError(f"pathdask.local-dask-intervals.{name} must be a duration such as '200ms', "
+                             f"got {value!r}") from None
+        out[DASK_INTERVALS[name]] = value
+    return out
 
 
 def _stop_heartbeat(dask_worker: Any) -> None:
@@ -124,8 +153,9 @@ class LocalSystem(System):
         # Dask's statistical profiler samples every thread of every worker each 10 ms; with
         # the hosts sharing this machine's cores, that takes CPU from the devices and calls
         # of all of them (pathdask.local-dask-profiler).
-        profiler = {"distributed.worker.profile.enabled": bool(dask.config.get("pathdask.local-dask-profiler"))}
-        with _workers_ignore_interrupts(self._cluster_kwargs["processes"]), dask.config.set(profiler):
+        local = {"distributed.worker.profile.enabled": bool(dask.config.get("pathdask.local-dask-profiler")),
+                 **local_dask_intervals()}
+        with _workers_ignore_interrupts(self._cluster_kwargs["processes"]), dask.config.set(local):
             self.cluster = LocalCluster(**self._cluster_kwargs)
         try:
             admin = self._connect_admin(self.cluster)

@@ -58,3 +58,32 @@ def test_client_close_frees_everything(psystem):
     client.close()  # without deleting the arrays first
     assert_clean(psystem)
     assert all(not d["slices"] for d in psystem.devices())
+
+
+def _monitor_intervals(server) -> dict[str, float]:
+    return {name: server.periodic_callbacks[name].callback_time
+            for name in ("tick", "monitor", "memory_monitor") if name in server.periodic_callbacks}
+
+
+def test_monitors_run_at_the_systems_intervals(psystem):
+    """Dask's tick, system monitor and memory monitors run at ``pathdask.local-dask-intervals``
+    in the scheduler, the nannies and the worker processes (Dask's: 20 ms, 500 ms, 100 ms)."""
+    wanted = {name: dask.utils.parse_timedelta(v) * 1000
+              for name, v in dask.config.get("pathdask.local-dask-intervals").items()}
+    expect = {"tick": wanted["tick"], "monitor": wanted["system-monitor"]}
+    assert _monitor_intervals(psystem.cluster.scheduler) == expect
+    for nanny in psystem.cluster.workers.values():
+        assert _monitor_intervals(nanny) == {**expect, "memory_monitor": wanted["memory-monitor"]}
+    with psystem.client(name="intervals") as client:
+        found = client.dask.run(lambda dask_worker: _monitor_intervals(dask_worker))
+    assert len(found) == SMALL.num_hosts
+    assert all(f == {**expect, "memory_monitor": wanted["memory-monitor"]} for f in found.values())
+
+
+def test_bad_monitor_intervals_are_named_before_anything_starts():
+    with dask.config.set({"pathdask.local-dask-intervals.tick": "soon"}), \
+            pytest.raises(ValueError, match=r"local-dask-intervals\.tick must be a duration"):
+        pw.LocalSystem(SMALL, processes=True, dashboard_address=None).start()
+    with dask.config.set({"pathdask.local-dask-intervals.ticks": "1s"}), \
+            pytest.raises(ValueError, match=r"has no \['ticks'\]"):
+        pw.LocalSystem(SMALL, processes=True, dashboard_address=None).start()
