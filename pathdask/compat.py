@@ -22,14 +22,15 @@ from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 import distributed
-from distributed import Future
+from distributed import Future, Scheduler
 from distributed.batched import BatchedSend
 from distributed.comm import CommClosedError
-from distributed.comm.inproc import InProc
+from distributed.comm.inproc import InProc, InProcListener
 from distributed.comm.tcp import TCP
+from tornado.ioloop import IOLoop
 
 if TYPE_CHECKING:
-    from distributed import Client, Scheduler, Worker
+    from distributed import Client, Worker
 
 logger = logging.getLogger("pathdask.compat")
 
@@ -37,7 +38,7 @@ __all__ = [
     "TESTED", "IncompatibleDaskError", "UntestedDaskWarning", "check_versions",
     "flush", "whole_writes", "set_interval", "stream_open", "send_to_scheduler", "send_to_worker",
     "send_ahead",
-    "client_send", "new_futures", "create_keys", "keys_exist", "release_keys", "report_erred",
+    "client_send", "embedded_scheduler", "stream_settled", "new_futures", "create_keys", "keys_exist", "release_keys", "report_erred",
     "put_data", "unfinished_keys_pinned_to", "restart_when_forgotten", "scheduler_running", "dashboard_application", "dashboard_page_parts",
 ]
 
@@ -118,7 +119,8 @@ def flush(stream: BatchedSend | None, ahead: list[Any] | None = None) -> None:
         stream.message_count += len(ahead)
     if stream is None or not (stream.buffer or ahead):
         return
-    if not whole_writes(stream):
+    writes = _whole(stream)
+    if writes is None:
         # what the stream holds may include messages flushed before: ``ahead`` goes after them
         stream.buffer.extend(ahead or ())
         stream.next_deadline = None
@@ -128,7 +130,7 @@ def flush(stream: BatchedSend | None, ahead: list[Any] | None = None) -> None:
     comm = stream.comm
     payload, stream.buffer = [*(ahead or ()), *stream.buffer], []
     stream.batch_count += 1
-    write = comm.write(payload, serializers=stream.serializers, on_error="raise")
+    write = writes.write_now(payload, serializers=stream.serializers, on_error="raise")
     try:
         write.send(None)
     except StopIteration as written:
@@ -145,29 +147,84 @@ def flush(stream: BatchedSend | None, ahead: list[Any] | None = None) -> None:
     stream.abort()
 
 
+class _Writes:
+    """The writes on a comm that pathdask also writes on itself (:func:`whole_writes`).
+
+    It stands in for the comm's ``write`` and counts the writes of the stream's background
+    sender: one is *begun* when the sender takes a batch (it calls ``write`` then) and
+    *ended* once it wrote it, a loop turn or more later. While one is begun and not ended,
+    a write of pathdask's own would overtake it. An in-process write made on its reader's
+    event loop puts the batch in the reader's queue at once, instead of a loop turn later
+    (``InProc.write`` queues it with ``add_callback``, to feed the queue from its reader's
+    thread: here the writer's own), so that nothing written is out of sight
+    (:func:`stream_settled`).
+    """
+
+    __slots__ = ("comm", "write", "begun", "ended", "__weakref__")
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self.write = comm.write  # the comm's own
+        self.begun = self.ended = 0
+
+    def sender_write(self, msg: Any, serializers: Any = None, on_error: Any = None) -> Any:
+        self.begun += 1
+        return self._ended(self.write_now(msg, serializers, on_error))
+
+    async def _ended(self, write: Any) -> Any:
+        try:
+            return await write
+        finally:
+            self.ended += 1
+
+    def write_now(self, msg: Any, serializers: Any = None, on_error: Any = None) -> Any:
+        comm = self.comm
+        if isinstance(comm, InProc) and comm._write_loop is IOLoop.current(instance=False):
+            return self._put(msg)
+        return self.write(msg, serializers=serializers, on_error=on_error)
+
+    async def _put(self, msg: Any) -> int:
+        if self.comm.closed():
+            raise CommClosedError()
+        self.comm._write_q.put_nowait(msg)
+        return 1
+
+    def idle(self) -> bool:
+        """Whether the sender wrote a batch since this stood in, and wrote every batch it took."""
+        return self.ended > 0 and self.begun == self.ended
+
+
+def _whole(stream: BatchedSend) -> _Writes | None:
+    """The writes on ``stream``'s comm, where a write of pathdask's own keeps its batches in
+    order now (:func:`whole_writes`); ``None`` where it would not."""
+    comm = stream.comm
+    if comm is None or stream.please_stop or comm.closed() or not isinstance(comm, (TCP, InProc)):
+        return None
+    writes = _writes.get(comm)
+    if writes is None:
+        comm.allow_offload = False
+        _writes[comm] = writes = _Writes(comm)
+        comm.write = writes.sender_write  # type: ignore[method-assign]
+    return writes if writes.idle() else None
+
+
 def whole_writes(stream: BatchedSend) -> bool:
     """Make every write on ``stream``'s comm whole before the event loop turns; whether a
-    write of its own (:func:`flush`) keeps the stream's batches in order already.
+    write of its own (:func:`flush`) keeps the stream's batches in order now.
 
     A TCP write queues its frames on the socket at once, and an in-process one its
     message, unless it serializes a large message in a thread first (``allow_offload``):
     that is turned off here, for the comm's life, which also spares each write
-    ``safe_sizeof``'s walk of the batch. A write that suspended before has ended once a
-    batch was taken after this (``batch_count``): from then on, a write made by anyone
-    is whole, and batches go in the order they were taken.
+    ``safe_sizeof``'s walk of the batch. From then on the stream's background sender's
+    writes are counted (``_Writes``): a write of pathdask's own goes in order once the
+    sender wrote a batch since (so that any write it began before has ended too), and
+    while it has no batch taken and not written yet.
     """
-    comm = stream.comm
-    if comm is None or stream.please_stop or comm.closed() or not isinstance(comm, (TCP, InProc)):
-        return False
-    after = _whole_after.get(comm)
-    if after is None:
-        comm.allow_offload = False
-        _whole_after[comm] = after = stream.batch_count
-    return stream.batch_count > after
+    return _whole(stream) is not None
 
 
-#: comms whose writes are whole: the stream's ``batch_count`` when that began (see ``whole_writes``)
-_whole_after: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+#: comms that pathdask writes on itself, with their writes (see ``whole_writes``)
+_writes: weakref.WeakKeyDictionary[Any, _Writes] = weakref.WeakKeyDictionary()
 
 
 def set_interval(stream: BatchedSend, seconds: float) -> float:
@@ -249,6 +306,48 @@ def new_futures(client: Client, keys: Iterable[Any]) -> list[Future]:
     scheduler's reports on them find them. Public replacement: none."""
     with client._refcount_lock:
         return [Future(k, client) for k in keys]
+
+
+# -- a client embedded with its scheduler -------------------------------------------------
+def embedded_scheduler(client: Client) -> Scheduler | None:
+    """The scheduler that ``client`` reaches through Dask's in-process comm, running on the
+    client's own event loop (an embedded system's); ``None`` for any other. Its stream's
+    writes are then counted and put in the scheduler's queue at once (:func:`whole_writes`),
+    so that :func:`stream_settled` sees everything written. ``Scheduler._instances`` is
+    private; public replacement: none.
+    """
+    stream = client.scheduler_comm
+    comm = getattr(stream, "comm", None)
+    if not isinstance(comm, InProc) or comm.closed() or comm._write_loop is not client.loop:
+        return None
+    address = client.scheduler.address
+    scheduler = next((s for s in list(Scheduler._instances) if scheduler_running(s) and any(
+        isinstance(ln, InProcListener) and ln.contact_address == address for ln in s.listeners)), None)
+    if scheduler is None or scheduler.loop is not client.loop:
+        return None
+    whole_writes(stream)
+    return scheduler
+
+
+def stream_settled(client: Client) -> bool:
+    """Whether the scheduler of an embedded ``client`` (:func:`embedded_scheduler`) handled
+    everything the client sent on its stream (event loop): every batch the stream's sender
+    took was written, the scheduler's reader waits on an empty queue (the comm's private
+    ``_write_q``), and the stream holds nothing but releases of keys
+    (``client-releases-keys``), which may reach the scheduler after what the client hands it
+    now. Public replacement: none.
+    """
+    stream = client.scheduler_comm
+    writes = _writes.get(stream.comm)
+    if writes is None or not writes.idle():
+        return False
+    queue = stream.comm._write_q
+    if queue is None or queue._q:
+        return False
+    reading = queue._read_future
+    if reading is None or reading.done():
+        return False
+    return all(msg.get("op") == "client-releases-keys" for msg in stream.buffer)
 
 
 # -- keys made by the scheduler -------------------------------------------------------

@@ -26,6 +26,14 @@ scheduler one per host, and each host one back:
   program endings, because a host's stream batches at
   ``pathdask.stream-interval`` (:func:`pace`), longer than a call.
 
+A client embedded with its scheduler (on the same event loop, through Dask's
+in-process comm) does not even send that one message: it hands a lone call to the
+scheduler plugin (``PathwaysScheduler.call_now``) when the scheduler handled
+everything sent on its stream and the stream holds nothing but releases
+(``compat.stream_settled``); the releases then go at the stream's interval. A
+write of pathdask's own goes only while the stream's sender has no batch taken
+and not yet written (``compat.whole_writes``), so it never overtakes one.
+
 A program's ending (``ProgramDone``) goes at once, but for a program that ran
 on one host alone (``HostPlan.alone``) under a policy that slots every program
 as it comes (``fifo``): nothing waits for that ending (a waiting client has its

@@ -183,3 +183,88 @@ def test_a_one_host_programs_ending_rides_with_the_next_batch_and_a_spanning_one
     finally:
         for rt, inner in tells.items():
             rt.tell = inner
+
+
+def _count_call_paths(system):
+    """Wrap the plugin's two ways in for calls: ``call_now`` (handed over) and the stream's."""
+    from pathdask.protocol import Calls
+
+    plugin = system.cluster.scheduler.plugins["pathdask"]
+    seen = {"handed": 0, "stream": 0}
+    now, streamed = plugin.call_now, plugin.handlers[Calls]
+
+    def call_now(client, msg):
+        seen["handed"] += len(msg.calls)
+        return now(client, msg)
+
+    async def call(client, msg):
+        seen["stream"] += len(msg.calls)
+        return await streamed(client, msg)
+
+    plugin.call_now, plugin.handlers[Calls] = call_now, call
+
+    def undo():
+        plugin.call_now, plugin.handlers[Calls] = now, streamed
+    return seen, undo
+
+
+def test_an_embedded_client_hands_a_waiting_call_to_the_plugin(system, client):
+    """A client on its scheduler's event loop hands a lone call to the plugin when the scheduler
+    handled everything on its stream, which then holds only releases; results stay right."""
+    seen, undo = _count_call_paths(system)
+    try:
+        mesh = client.mesh({"x": 2}, island=0)
+        inc = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), name="inc")
+        y = client.put(np.zeros(2), mesh, P("x"))
+        y.result()
+        seen.update(handed=0, stream=0)
+        for i in range(30):  # each waited for: the stream is settled at the next call
+            y = inc(y)
+            np.testing.assert_array_equal(y.result(), np.full(2, i + 1.0))
+        assert seen["handed"] >= 25 and seen["handed"] + seen["stream"] == 30, seen
+    finally:
+        undo()
+
+
+def test_a_client_of_its_own_loop_sends_calls_on_the_stream(system):
+    """A client with an event loop of its own is not embedded: every call goes on its stream."""
+    import pathdask as pw
+
+    seen, undo = _count_call_paths(system)
+    try:
+        with pw.Client(system.client_address, name="own-loop") as other:
+            assert other._dispatcher._embedded is None
+            mesh = other.mesh({"x": 2}, island=0)
+            inc = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), name="inc")
+            y = other.put(np.zeros(2), mesh, P("x"))
+            for _ in range(5):
+                y = inc(y)
+                y.result()
+            np.testing.assert_array_equal(y.result(), np.full(2, 5.0))
+            del y
+        assert seen == {"handed": 0, "stream": 6}, seen  # the put, then the calls
+    finally:
+        undo()
+
+
+def test_calls_stay_in_order_while_they_switch_between_the_two_ways(system, client):
+    """Lone calls and bursts, mixed: a call handed over never overtakes one on the stream (each
+    reads the last one's result, so one out of order would read a buffer not computed yet)."""
+    seen, undo = _count_call_paths(system)
+    try:
+        mesh = client.mesh({"x": 2}, island=0)
+        inc = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), name="inc")
+        y = client.put(np.zeros(2), mesh, P("x"))
+        y.result()
+        seen.update(handed=0, stream=0)
+        total = 0
+        for burst in (1, 40, 1, 1, 25, 1, 60, 1):
+            for _ in range(burst):
+                y = inc(y)
+            total += burst
+            if burst == 1:
+                np.testing.assert_array_equal(y.result(), np.full(2, float(total)))
+        np.testing.assert_array_equal(y.result(), np.full(2, float(total)))
+        assert seen["handed"] > 0 and seen["stream"] > 0 and seen["handed"] + seen["stream"] == total, seen
+    finally:
+        undo()

@@ -28,7 +28,7 @@ from distributed import Client as DaskClient
 from distributed import Future
 from distributed.protocol import to_serialize
 
-from ..compat import client_send, new_futures
+from ..compat import client_send, embedded_scheduler, new_futures, stream_settled
 from ..ops import PLANS_PER_CLIENT, HostPlan
 from ..protocol import Calls, Plans, encode
 from ..stopwatch import mark, recording
@@ -88,6 +88,11 @@ class Dispatcher:
         #: program ids: unique to this client, then counted (cheaper than a uuid per call)
         self._pid_prefix = uuid.uuid4().hex[:16]
         self._pids = itertools.count()
+        #: the scheduler plugin, where the scheduler runs on this client's event loop (an
+        #: embedded system): a call is handed to it there, when nothing waits on the stream
+        scheduler = embedded_scheduler(dask_client)
+        plugin = scheduler.plugins.get("pathdask") if scheduler is not None else None
+        self._embedded: Any = plugin if hasattr(plugin, "call_now") else None
 
     def new_pid(self) -> str:
         return f"{self._pid_prefix}{next(self._pids):08x}"
@@ -147,10 +152,27 @@ class Dispatcher:
         Straight onto the stream, as Dask's own queued messages go (``compat.client_send``):
         queuing it again would let it fall behind them. It goes at once, with the releases
         queued before it (``streams.py``).
+
+        A client that shares its scheduler's event loop (an embedded system's) hands a lone
+        call to the scheduler plugin instead (``PathwaysScheduler.call_now``), when the
+        scheduler has handled everything sent on the stream and the stream holds nothing but
+        releases (``compat.stream_settled``): none of those can be something the call needs,
+        as an array it reads is kept until it is taken. The releases then go at the stream's
+        interval. That spares the call the stream's write, read and handler turns on the
+        loop it shares with the scheduler. A burst of calls goes on the stream, as one
+        message: the scheduler takes it in slices between which other messages are read.
         """
         with self.lock:
             waiting, self._waiting_calls = self._waiting_calls, []
         if not waiting:
+            return
+        if len(waiting) == 1 and self._embedded is not None and stream_settled(self.dask):
+            (call, reads), = waiting
+            try:
+                mark("sent", call["pid"])
+                self._embedded.call_now(self.client_id, Calls([call]))
+            finally:
+                unread(self.lock, reads)
             return
         try:
             client_send(self.dask, encode(Calls([call for call, _ in waiting])))

@@ -267,17 +267,31 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
                 if client not in self.clients:
                     return
                 until = time.perf_counter() + CALL_SLICE
-            try:
-                self._call(client, call, batch)
-            except Exception as e:  # noqa: BLE001 - answered to the client below
-                self._forward(client, batch)  # the calls before it reach their hosts before its drop
-                if isinstance(e, DeviceLostError):
-                    logger.info("pathdask: program %s could not be called: %s", call["pid"], e)
-                else:
-                    logger.exception("pathdask: program %s could not be called", call["pid"])
-                self.apply(self.core.call_failed(client, call, e))
+            self._take(client, call, batch)
             until = until if until is not None else time.perf_counter()  # the first call goes alone
         self._forward(client, batch)
+
+    def call_now(self, client: str, msg: Calls) -> None:
+        """Calls handed over on the event loop this plugin runs on, by a client that shares it
+        and whose stream holds nothing they could overtake (``client/dispatcher.py``): taken
+        and forwarded at once, as :meth:`call` takes a message's calls, in one slice."""
+        batch: dict[str, list[Any]] = defaultdict(list)
+        for call in msg.calls:
+            self._take(client, call, batch)
+        self._forward(client, batch)
+
+    def _take(self, client: str, call: dict[str, Any], batch: dict[str, list[Any]]) -> None:
+        """Take one call into ``batch``; one that cannot be made fails alone, after the calls
+        before it reach their hosts."""
+        try:
+            self._call(client, call, batch)
+        except Exception as e:  # noqa: BLE001 - answered to the client below
+            self._forward(client, batch)  # the calls before it reach their hosts before its drop
+            if isinstance(e, DeviceLostError):
+                logger.info("pathdask: program %s could not be called: %s", call["pid"], e)
+            else:
+                logger.exception("pathdask: program %s could not be called", call["pid"])
+            self.apply(self.core.call_failed(client, call, e))
 
     def _call(self, client: str, call: dict[str, Any], batch: dict[str, list[Any]]) -> None:
         """One call: its hosts are live, its output keys are made in memory on them (they must
