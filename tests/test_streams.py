@@ -1,6 +1,7 @@
 """pathdask's messages go at once on Dask's batched streams, with what Dask queued before them."""
 
 import asyncio
+import contextlib
 import gc
 from types import SimpleNamespace
 
@@ -185,8 +186,9 @@ def test_a_one_host_programs_ending_rides_with_the_next_batch_and_a_spanning_one
             rt.tell = inner
 
 
-def _count_call_paths(system):
-    """Wrap the plugin's two ways in for calls: ``call_now`` (handed over) and the stream's."""
+@contextlib.contextmanager
+def _call_paths(system):
+    """Count the calls the plugin takes each way in: handed over (``call_now``), or on the stream."""
     from pathdask.protocol import Calls
 
     plugin = system.cluster.scheduler.plugins["pathdask"]
@@ -202,61 +204,53 @@ def _count_call_paths(system):
         return await streamed(client, msg)
 
     plugin.call_now, plugin.handlers[Calls] = call_now, call
-
-    def undo():
+    try:
+        yield seen
+    finally:
         plugin.call_now, plugin.handlers[Calls] = now, streamed
-    return seen, undo
+
+
+def _counting_from_a_put(client, seen):
+    """An increment on one host's devices, and an array put there; the count starts after it."""
+    mesh = client.mesh({"x": 2}, island=0)
+    inc = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), name="inc")
+    y = client.put(np.zeros(2), mesh, P("x"))
+    y.result()
+    seen.update(handed=0, stream=0)
+    return inc, y
 
 
 def test_an_embedded_client_hands_a_waiting_call_to_the_plugin(system, client):
     """A client on its scheduler's event loop hands a lone call to the plugin when the scheduler
     handled everything on its stream, which then holds only releases; results stay right."""
-    seen, undo = _count_call_paths(system)
-    try:
-        mesh = client.mesh({"x": 2}, island=0)
-        inc = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), name="inc")
-        y = client.put(np.zeros(2), mesh, P("x"))
-        y.result()
-        seen.update(handed=0, stream=0)
+    with _call_paths(system) as seen:
+        inc, y = _counting_from_a_put(client, seen)
         for i in range(30):  # each waited for: the stream is settled at the next call
             y = inc(y)
             np.testing.assert_array_equal(y.result(), np.full(2, i + 1.0))
         assert seen["handed"] >= 25 and seen["handed"] + seen["stream"] == 30, seen
-    finally:
-        undo()
 
 
 def test_a_client_of_its_own_loop_sends_calls_on_the_stream(system):
     """A client with an event loop of its own is not embedded: every call goes on its stream."""
     import pathdask as pw
 
-    seen, undo = _count_call_paths(system)
-    try:
-        with pw.Client(system.client_address, name="own-loop") as other:
-            assert other._dispatcher._embedded is None
-            mesh = other.mesh({"x": 2}, island=0)
-            inc = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), name="inc")
-            y = other.put(np.zeros(2), mesh, P("x"))
-            for _ in range(5):
-                y = inc(y)
-                y.result()
-            np.testing.assert_array_equal(y.result(), np.full(2, 5.0))
-            del y
-        assert seen == {"handed": 0, "stream": 6}, seen  # the put, then the calls
-    finally:
-        undo()
+    with _call_paths(system) as seen, pw.Client(system.client_address, name="own-loop") as other:
+        assert other._dispatcher._embedded is None
+        inc, y = _counting_from_a_put(other, seen)
+        for _ in range(5):
+            y = inc(y)
+            y.result()
+        np.testing.assert_array_equal(y.result(), np.full(2, 5.0))
+        assert seen == {"handed": 0, "stream": 5}, seen
+        del y
 
 
 def test_calls_stay_in_order_while_they_switch_between_the_two_ways(system, client):
     """Lone calls and bursts, mixed: a call handed over never overtakes one on the stream (each
     reads the last one's result, so one out of order would read a buffer not computed yet)."""
-    seen, undo = _count_call_paths(system)
-    try:
-        mesh = client.mesh({"x": 2}, island=0)
-        inc = function(lambda b: b + 1.0, in_specs=P("x"), out_specs=P("x"), name="inc")
-        y = client.put(np.zeros(2), mesh, P("x"))
-        y.result()
-        seen.update(handed=0, stream=0)
+    with _call_paths(system) as seen:
+        inc, y = _counting_from_a_put(client, seen)
         total = 0
         for burst in (1, 40, 1, 1, 25, 1, 60, 1):
             for _ in range(burst):
@@ -266,5 +260,3 @@ def test_calls_stay_in_order_while_they_switch_between_the_two_ways(system, clie
                 np.testing.assert_array_equal(y.result(), np.full(2, float(total)))
         np.testing.assert_array_equal(y.result(), np.full(2, float(total)))
         assert seen["handed"] > 0 and seen["stream"] > 0 and seen["handed"] + seen["stream"] == total, seen
-    finally:
-        undo()
