@@ -288,7 +288,6 @@ def send_ahead(scheduler: Scheduler, address: str, msgs: list[dict[str, Any]]) -
     return True
 
 
-
 def client_send(client: Client, msg: dict[str, Any]) -> None:
     """Put ``msg`` on a Dask client's stream to the scheduler and send it at once.
 
@@ -338,10 +337,10 @@ def stream_settled(client: Client) -> bool:
     now. Public replacement: none.
     """
     stream = client.scheduler_comm
-    writes = _writes.get(stream.comm)
-    if writes is None or not writes.idle():
+    writes = _whole(stream)
+    if writes is None:
         return False
-    queue = stream.comm._write_q
+    queue = writes.comm._write_q
     if queue is None or queue._q:
         return False
     reading = queue._read_future
