@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import pathdask as pw
-from pathdask.bench.dashboard import TENANTS, Workload
+from pathdask.bench.dashboard import TENANTS, Workload, recorded
 from pathdask.dashboard.views import VIEWS
 
 CHROMIUM = "/usr/bin/chromium"
@@ -56,18 +56,19 @@ def distinct_colours(png: bytes) -> int:
 
 
 @pytest.fixture(scope="module")
-def busy_dashboard() -> Iterator[str]:
-    """One system with its dashboard on, three tenants working meanwhile; yields the dashboard's root."""
+def busy_system() -> Iterator[tuple[str, Workload]]:
+    """One system with its dashboard on, three tenants working meanwhile; yields the dashboard's
+    root and the tenants."""
     _browser_or_skip()
     with pw.LocalSystem(processes=False) as system:
         assert system.dashboard_link is not None
         with Workload(system, TENANTS) as work:
             assert work.ready.wait(60)
-            yield system.dashboard_link.rsplit("/", 1)[0]
+            yield system.dashboard_link.rsplit("/", 1)[0], work
 
 
 @pytest.fixture(scope="module")
-def browser(busy_dashboard: str) -> Iterator[Any]:
+def browser(busy_system: tuple[str, Workload]) -> Iterator[Any]:
     playwright = pytest.importorskip("playwright.sync_api")
     with playwright.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
@@ -80,14 +81,15 @@ def browser(busy_dashboard: str) -> Iterator[Any]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("view", VIEWS)
-def test_page_draws_live_data_without_errors(view: str, busy_dashboard: str, browser: Any) -> None:
+def test_page_draws_live_data_without_errors(view: str, busy_system: tuple[str, Workload], browser: Any) -> None:
+    root, work = busy_system
     page = browser.new_page(viewport={"width": 1280, "height": 720})
     problems: list[str] = []
     page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     try:
         start = time.perf_counter()
-        page.goto(f"{busy_dashboard}/pathdask/{view}")
+        page.goto(f"{root}/pathdask/{view}")
         page.wait_for_function("() => window.Bokeh && Bokeh.documents.length > 0", timeout=30_000)
         # every data source has rows once the first periodic update came (0.5 s)
         page.wait_for_function(f"() => Object.values(({ROWS_JS})()).every(n => n > 0)", timeout=30_000)
@@ -95,8 +97,14 @@ def test_page_draws_live_data_without_errors(view: str, busy_dashboard: str, bro
         rows = page.evaluate(ROWS_JS)
         assert rows and all(n > 0 for n in rows.values()), rows
         if view == "timeline":  # live: new gangs stream in while the tenants run
-            first = max(rows.values())
-            page.wait_for_function(f"() => Math.max(...Object.values(({ROWS_JS})())) > {first}", timeout=30_000)
+            first, calls = max(rows.values()), sum(work.calls.values())
+            try:
+                page.wait_for_function(f"() => Math.max(...Object.values(({ROWS_JS})())) > {first}",
+                                       timeout=60_000)
+            except Exception as e:  # which side stood still: the tenants, or the pulls and the page
+                raise AssertionError(f"no new gang drawn in 60 s: {first} rows; the tenants made "
+                                     f"{sum(work.calls.values()) - calls} calls meanwhile; "
+                                     f"{recorded(root)} gangs recorded") from e
         png = page.screenshot()
         assert distinct_colours(png) > 8, "the page looks blank"
         folder = os.environ.get("PATHDASK_SCREENSHOTS")

@@ -24,7 +24,8 @@ from .record import ActivityRecord
 
 logger = logging.getLogger("pathdask.dashboard")
 
-Ask = Callable[[HostActivity], Awaitable[dict[str, Any]]]
+#: ``ask(message, timeout=seconds)`` -> replies by host address, of those that answered in time
+Ask = Callable[..., Awaitable[dict[str, Any]]]
 
 
 class Collector:
@@ -33,8 +34,9 @@ class Collector:
     Parameters
     ----------
     ask : callable
-        Sends a message to every live host and returns their replies by address
-        (the scheduler plugin's ``ask_hosts``).
+        Sends a message to every live host and returns the replies, by address, of those
+        that answered within ``timeout`` seconds (the scheduler plugin's ``ask_hosts``).
+        A host left out of one pull is asked again, from where it was, at the next.
     """
 
     def __init__(self, ask: Ask) -> None:
@@ -43,6 +45,7 @@ class Collector:
         self.record = ActivityRecord(int(cfg["gangs"]), int(cfg["samples"]))
         self.interval = parse_timedelta(cfg["interval"])
         self.watch_timeout = parse_timedelta(cfg["watch-timeout"])
+        self.pull_timeout = parse_timedelta(cfg["pull-timeout"])
         self.window = parse_timedelta(cfg["window"])
         self.watched_until = 0.0  # time.monotonic()
         self.pulled_at = float("-inf")  # time.monotonic() of the last finished pull
@@ -79,7 +82,7 @@ class Collector:
     async def _pull_once(self) -> None:
         try:
             message = HostActivity(self.record.cursor_message(), self.record.gangs.maxlen or 0)
-            self.record.add(await self.ask(message))
+            self.record.add(await self.ask(message, timeout=self.pull_timeout))
         except Exception:  # a pull that fails leaves the record as it was; the next one retries
             logger.exception("pathdask: pulling device activity from the hosts failed")
         finally:
