@@ -87,7 +87,9 @@ class LocalSystem(System):
     topology : Topology, optional
         Defaults to ``Topology.load("local")`` (2 islands x 2 hosts x 2 devices).
     processes : bool
-        One process per host (the default) or all hosts in this process.
+        One process per host (the default) or all hosts in this process. In this
+        process, the hosts have no Dask memory limit (``memory_limit=0`` unless given):
+        Dask would weigh the whole process against each one's share.
     dashboard_address : str or None
         Where the Dask dashboard listens; ``None`` disables it.
     policy : str, optional
@@ -128,6 +130,14 @@ class LocalSystem(System):
         # device stores, under modelled HBM. A plain dict keeps Dask from weighing and spilling
         # those handles on every call.
         cluster_kwargs.setdefault("data", dict)
+        if not processes:
+            # Every host in one process: Dask would weigh this whole process's memory against
+            # each worker's share of the machine (its memory limit), and past 80% pause every
+            # worker and have each collect garbage on every memory-monitor tick, each up to 5%
+            # of the event loop they share. At 32 hosts that held the loop for tens of seconds,
+            # long enough for the hosts to be taken for lost. Device memory is modelled HBM
+            # (``pathdask.worker.store``), whatever Dask's limit.
+            cluster_kwargs.setdefault("memory_limit", 0)
         protocol = "tls" if self.security is not None and self.security.require_encryption else "tcp"
         scheduler_kwargs = cluster_kwargs.setdefault("scheduler_kwargs", {})
         #: clients made by :meth:`client` live in this process, as the scheduler does: they reach it

@@ -189,3 +189,30 @@ def test_bench_pipeline_small(tmp_path):
     assert saved["ratios"] == pytest.approx(result["ratios"])
     for name in ("pipeline-trace.html", "dcn-overlap.html"):
         assert "Bokeh" in (tmp_path / name).read_text()
+
+
+def test_a_multicontroller_run_missing_a_host_times_out_and_leaves_nothing(client):
+    """The baseline has no scheduler to end programs whose peer never came: past its timeout a
+    host drops them and says so, rather than wait for ever."""
+    import numpy as np
+
+    import pathdask as pw
+    from pathdask.bench.multicontroller import _host_loop
+    from pathdask.client.lowering import lower
+
+    step = pw.function(lambda b: pw.psum(b, "x"), in_specs=pw.P("x"), out_specs=pw.P("x"), name="sum")
+
+    @pw.program
+    def once(x):
+        return step(x)
+
+    mesh = client.mesh({"x": 4}, island=0)
+    assert len(mesh.hosts) == 2
+    x = client.put(np.ones(4), mesh, pw.P("x"))
+    program = once.trace(x)
+    plans = lower(program)
+    alone = sorted(plans)[0]  # its peer never registers the programs
+    with pytest.raises(Exception, match=r"did not end on host .* within 0\.5s"):
+        client.dask.run(_host_loop, plans, (x.key,), 2, "mc-alone", program.outputs[0], 0.5, workers=[alone])
+    assert client.dask.run(lambda dask_worker: dask_worker.plugins["pathdask"].ledger.idle(), workers=[alone]) \
+        == {alone: True}

@@ -87,3 +87,21 @@ def test_bad_monitor_intervals_are_named_before_anything_starts():
     with dask.config.set({"pathdask.local-dask-intervals.ticks": "1s"}), \
             pytest.raises(ValueError, match=r"has no \['ticks'\]"):
         pw.LocalSystem(SMALL, processes=True, dashboard_address=None).start()
+
+
+def _memory_watch(dask_worker) -> tuple[int | None, bool]:
+    return dask_worker.memory_manager.memory_limit, "memory_monitor" in dask_worker.periodic_callbacks
+
+
+def test_hosts_in_one_process_have_no_dask_memory_limit(psystem):
+    """Hosts sharing a process have no Dask memory limit: each would weigh the whole process
+    against its share, then pause, and collect garbage on every tick of its memory monitor.
+    A host in a process of its own keeps Dask's."""
+    with psystem.client(name="memory") as client:
+        own = client.dask.run(_memory_watch)
+    assert own and all(limit and watched for limit, watched in own.values()), own
+    with pw.LocalSystem(SMALL, processes=False, dashboard_address=None) as system, \
+            system.client(name="memory") as client:
+        shared = client.dask.run(_memory_watch)
+        assert shared and all(not limit and not watched for limit, watched in shared.values()), shared
+        assert len(system.cluster.workers) == SMALL.num_hosts

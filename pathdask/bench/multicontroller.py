@@ -8,6 +8,7 @@ same program ids, so that the gangs meet in their collectives. The data plane
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -20,9 +21,16 @@ if TYPE_CHECKING:
     from ..client.client import Client
 
 
+#: seconds a host waits for its last program before the run is given up: with no scheduler,
+#: nothing ends the programs of a host whose peer was lost (their collectives wait for it)
+TIMEOUT = 600.0
+
+
 async def _host_loop(plans: dict[str, Any], inputs: tuple[tuple[str, int], ...], iterations: int,
-                     tag: str, output_vid: int, dask_worker: Any = None) -> tuple[float, float] | None:
-    """On one host: register ``iterations`` programs, each reading the previous one's output."""
+                     tag: str, output_vid: int, timeout: float = TIMEOUT,
+                     dask_worker: Any = None) -> tuple[float, float] | None:
+    """On one host: register ``iterations`` programs, each reading the previous one's output.
+    Past ``timeout`` seconds, they are dropped here and ``TimeoutError`` is raised."""
     rt = dask_worker.plugins["pathdask"]
     plan = plans.get(dask_worker.address)
     if plan is None:
@@ -36,9 +44,16 @@ async def _host_loop(plans: dict[str, Any], inputs: tuple[tuple[str, int], ...],
             rt.release_output(prev, 0)  # the next program's readers keep it alive
         inputs, prev = ((pid, output_vid),), pid
     assert prev is not None
-    await rt.wait_program(prev)
-    end = time.perf_counter()
-    rt.release_output(prev, 0)
+    try:
+        await asyncio.wait_for(rt.wait_program(prev), timeout)
+        end = time.perf_counter()
+    except TimeoutError:
+        error = TimeoutError(f"the multi-controller run {tag} did not end on host {dask_worker.address} within "
+                             f"{timeout:g}s (a peer lost or stalled?); its programs were dropped there")
+        rt.apply(rt.core.drop_client(tag, error))
+        raise error from None
+    finally:
+        rt.release_output(prev, 0)
     return start, end
 
 
