@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, Protocol
 
 import dask
 from dask.utils import parse_timedelta
@@ -24,8 +24,11 @@ from .record import ActivityRecord
 
 logger = logging.getLogger("pathdask.dashboard")
 
-#: ``ask(message, timeout=seconds)`` -> replies by host address, of those that answered in time
-Ask = Callable[..., Awaitable[dict[str, Any]]]
+class Ask(Protocol):
+    """``ask(message, timeout=seconds)``: the replies by host address, of those that answered
+    in time (the scheduler plugin's ``ask_hosts``)."""
+
+    def __call__(self, msg: HostActivity, *, timeout: float | None) -> Awaitable[dict[str, Any]]: ...
 
 
 class Collector:
