@@ -172,6 +172,10 @@ def measure(k: int, repeats: int, meter: SpeedMeter, echo: Echo = print) -> dict
         client = system.client(name="calibrate-tree")
         kernels = Kernels(0.0, k)
         try:
+            # Each mesh's array is released before the next is put, and its buffers awaited: a
+            # release still on its way would be counted in the next mesh's base, and be missing
+            # from every count after it.
+            empty = _settled(client, None)
             for hosts in HOSTS:
                 mesh = client.mesh({"x": hosts}, island=0)
                 if len(mesh.hosts) != hosts:
@@ -199,6 +203,7 @@ def measure(k: int, repeats: int, meter: SpeedMeter, echo: Echo = print) -> dict
                     f"{mode}: " + ", ".join(f"{n} {v * now * 1e6:.1f}" for n, v in r.items() if n != "fanned" and v)
                     for mode, r in raw[str(hosts)].items()))
                 del x
+                _settled(client, empty)
         finally:
             core.threshold = found
             client.close()
