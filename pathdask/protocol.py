@@ -418,10 +418,13 @@ class DropPrograms(Message):
 class Fan(Message):
     """Records for the hosts of a fan-out tree (:mod:`~pathdask.core.fanout`): ``hosts[0]`` is
     the receiver and the rest its subtree. Forward each child's share first (on the peers'
-    channel), then take this host's part: of a ``call`` ``(client, pid, inputs, parts)``
-    (``parts[i]``: ``(plan id, output keys owned there)`` of ``hosts[i]``), an ``order``
-    ``(pid, client, slot, parts)`` (``parts[i]``: ``(devices, prev)``), or a ``release``
-    ``(id, outputs)``. A program ordered this way, or a release, is reported to ``parent``
+    channel), then take this host's part: of a ``call`` ``(client, pid, inputs, plan id,
+    owned)`` (every host holds its own plan under that id; ``owned``: ``(i, output keys)``
+    for each ``hosts[i]`` that owns some), of an ``order`` ``(pid, client, slot, devices,
+    prev)`` (``devices``: ``hosts[i]``'s at ``[i]``, or ``None``: those of the plan the
+    record's ``call`` names; ``prev``: one slot for every host, or one per host), and of a
+    ``release`` ``(id, outputs)``. Each record names each host once, and carries nothing
+    per host that is the same on all. A program ordered this way, or a release, is reported to ``parent``
     (``None``: the scheduler, by ``ProgramDone`` or ``Released``) once it ended (or was
     carried out) here and every child reported it (``SubtreeDone``)."""
 

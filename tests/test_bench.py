@@ -49,6 +49,9 @@ def test_bench_dispatch_hosts_small(tmp_path):
         parts = result["scheduler_cpu_per_call_by_part_s"]
         assert result["scheduler_cpu_per_call_s"] == pytest.approx(sum(parts.values()))
         assert parts["keys"] > 0 and parts["slot"] > 0 and parts["ended"] > 0 and parts["forgotten"] > 0
+        switching = result["scheduler_cpu_per_call_switching_by_part_s"]  # the same window, the GIL shared
+        assert result["scheduler_cpu_per_call_switching_s"] == pytest.approx(sum(switching.values()))
+        assert set(switching) == set(parts) and switching["slot"] > 0
         rates = result["rates"]["pathdask OpByOp"]
         assert rates and all(r > 0 for r in rates.values())
     bad = CliRunner().invoke(main, ["bench", "dispatch", "--hosts", "two"])

@@ -131,3 +131,56 @@ def test_a_tree_reaches_every_host_once_each_host_forwarding_to_at_most_degree(n
     assert sorted(reached) == list(range(n))
     if degree > 1:  # about log_degree(n) hops
         assert depth <= int(np.ceil(np.log(n) / np.log(degree))) + 1
+
+
+def test_a_tree_call_is_one_record_naming_each_host_once():
+    """A call down a tree costs the scheduler one record, whatever its hosts: the call and its
+    order together, each host named once, one plan id, the devices taken from that plan on each
+    host, and one ``prev`` while calls stay on one mesh. A call on some of those hosts in
+    between gives each host its own ``prev`` once; the relays hand each child its share."""
+    from pathdask.core.host import Enqueue, HostCore, Relay
+    from pathdask.core.island import SchedulerCore, Send
+    from pathdask.ops import GangSpec, HostPlan, KernelOp, OutSpec
+    from pathdask.protocol import Fan
+    from pathdask.topology import DeviceId, DeviceInfo
+
+    from .test_invariant import NoAborts
+
+    hosts = [f"h{i}" for i in range(9)]
+    core = SchedulerCore(threshold=2, degree=4)
+    for h in hosts:
+        core.host_joined(h, None)
+    core.client_joined("c", 1.0)
+
+    def call(pid: str, on: list[str]) -> list[Fan]:
+        out = core.take_call("c", {
+            "pid": pid, "hosts": on, "plan": f"plan-{pid}", "owned": [(len(on) - 1, [(f"{pid}-out", 0)])],
+            "outputs": [(f"{pid}-out", 0, on[-1])], "inputs": [],
+            "program": {"pid": pid, "hosts": {h: [hosts.index(h)] for h in on}, "cost": 1.0}})
+        return [i.msg for i in out if isinstance(i, Send) and isinstance(i.msg, Fan)]
+
+    [first] = call("p1", hosts)
+    assert first.hosts == hosts and first.call == ("c", "p1", [], "plan-p1", [(8, [("p1-out", 0)])])
+    assert first.order == ("p1", "c", 0, None, -1)  # devices: the plan's; prev: one for all
+    [second] = call("p2", hosts)
+    assert second.order == ("p2", "c", 1, None, 0)
+    assert call("p3", hosts[:2]) == []  # on 2 hosts: a record to each, directly
+    [fourth] = call("p4", hosts)
+    assert fourth.order[4] == [2, 2, 1, 1, 1, 1, 1, 1, 1]  # each host's own, once
+    [fifth] = call("p5", hosts)
+    assert fifth.order[4] == 3
+
+    # the first host takes its part, with its devices from the plan it holds, and relays
+    # each child its share: the output key owned by the last host, counted from the child
+    root = HostCore("h0", [0], NoAborts())
+    gang = GangSpec(0, "g", tuple(DeviceInfo(DeviceId(i), 0, i, 0, h) for i, h in enumerate(hosts)))
+    root.add_plans("c", [HostPlan("p", {0: gang}, {0: (KernelOp(0, 0, (), (OutSpec(1, (1,), "f8"),)),)}, {},
+                                  "plan-p1")])
+    took = root.fan(first)
+    assert Enqueue(0, "p1") in took  # its device, from the plan
+    relayed = [i for i in took if isinstance(i, Relay)]
+    assert [r.host for r in relayed] == ["h1", "h3", "h5", "h7"]
+    last = relayed[-1].msg
+    assert last.hosts == ["h7", "h8"] and last.call[4] == [(1, [("p1-out", 0)])] and last.order == first.order
+    assert all(r.msg.call[4] == [] for r in relayed[:-1])
+    assert root.last_slot == 0 and root.endings.waiting["p1"][1] == 1 + len(relayed)

@@ -151,7 +151,7 @@ class World:
         key = f"{prog.pid}-out-{owner}"
         self.keys[prog.client].append(key)
         call = {"pid": prog.pid, "hosts": list(prog.placement),
-                "parts": [(f"plan-{prog.pid}", [(key, 0)] if a == owner else []) for a in prog.placement],
+                "plan": f"plan-{prog.pid}", "owned": [(0, [(key, 0)])],
                 "outputs": [(key, 0, owner)],
                 "inputs": [[prog.dep, 1]] if prog.dep else [],
                 "program": {"pid": prog.pid, "hosts": prog.placement, "cost": 1.0}}

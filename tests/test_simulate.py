@@ -503,10 +503,10 @@ def test_small_validation_runs_the_model_at_each_real_runs_speed(monkeypatch: py
     waiting = [r for name, r in rows.items() if "waiting on results" in name]
     assert waiting and all(len(r["handler_cpu_s"]) == 1 and 0 < r["handler_cpu_s"][0] < 0.1 for r in waiting)
     assert all("handler_cpu_s" not in r for name, r in rows.items() if "waiting on results" not in name)
-    # one island of 8 and of 16 hosts: above the default threshold (4), the real calls went down trees
+    # one island of 8 and of 16 hosts: above the default threshold (2), the real calls went down trees
     # (the row checks it), and so do the simulated ones
     at = {h: rows[f"{h} hosts x 1 device: dispatch pathdask OpByOp 1 ms"] for h in (8, 16)}
-    assert all(r["tree"] is True and r["fanout"] == {"degree": 4, "threshold": 4} for r in at.values())
+    assert all(r["tree"] is True and r["fanout"] == {"degree": 4, "threshold": 2} for r in at.values())
     # and the same calls with the scheduler's threshold above the hosts, in the runtime and the model
     assert all(rows[f"{h} hosts x 1 device: dispatch pathdask OpByOp 1 ms, no tree"]["tree"] is False for h in (8, 16))
 

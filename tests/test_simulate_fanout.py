@@ -134,9 +134,9 @@ def test_the_threshold_is_per_call_as_in_the_runtime() -> None:
     fanout = Fanout()
     runtime = SchedulerCore(degree=fanout.degree, threshold=fanout.threshold)
     for hosts in (1, 2, 4, 5, 8, 16):
-        expected = 3e-4 if hosts > 4 else hosts * 2e-4
+        expected = 3e-4 if hosts > DEFAULT_THRESHOLD else hosts * 2e-4
         assert _scheduler_cpu_per_call(topo, _program(topo, hosts), costs) == pytest.approx(expected), hosts
-        assert fanout.fans(hosts) == runtime.fans([f"h{i}" for i in range(hosts)]) == (hosts > 4)
+        assert fanout.fans(hosts) == runtime.fans([f"h{i}" for i in range(hosts)]) == (hosts > DEFAULT_THRESHOLD)
     assert _scheduler_cpu_per_call(topo, _program(topo, 8), costs, Fanout(threshold=8)) == pytest.approx(8 * 2e-4)
     assert _scheduler_cpu_per_call(topo, _program(topo, 8), costs, Fanout.off()) == pytest.approx(8 * 2e-4)
 
@@ -169,8 +169,8 @@ def test_the_schedulers_cpu_per_call_is_flat_in_the_hosts_with_the_tree_and_grow
 
 
 def test_the_trees_shape_comes_from_the_dask_config_with_the_runtimes_defaults() -> None:
-    assert Fanout() == Fanout(DEFAULT_DEGREE, DEFAULT_THRESHOLD) == Fanout(4, 4)
-    assert Fanout.from_config() == Fanout(4, 4)  # pathdask.yaml: threshold 4, degree 4
+    assert Fanout() == Fanout(DEFAULT_DEGREE, DEFAULT_THRESHOLD) == Fanout(4, 2)
+    assert Fanout.from_config() == Fanout(4, 2)  # pathdask.yaml: threshold 2, degree 4
     topo, _ = _island(16)
     with dask.config.set({"pathdask.fanout.threshold": 16, "pathdask.fanout.degree": 2}):
         assert Simulation(topo, _costs()).fanout == Fanout(degree=2, threshold=16)
@@ -229,7 +229,7 @@ def test_an_ending_reaches_the_scheduler_once_every_child_reported() -> None:
         assert t.ascend(Hosts(7), ends, 0.0, costs) == pytest.approx(10.0 + depth * 1.0 + relays + 1.0), late
     # each host pays its share of the lone-done CPU before it reports
     assert t.ascend(Hosts(7), on_time, 0.5, costs) == pytest.approx(3.4 + 3 * 0.5)
-    assert route(np.arange(4), Fanout()) is None and route(np.arange(5), Fanout()) is not None
+    assert route(np.arange(2), Fanout()) is None and route(np.arange(3), Fanout()) is not None
 
 
 def test_a_calibration_without_the_trees_costs_derives_them_from_the_per_host_ones(tmp_path: Any) -> None:
@@ -297,7 +297,7 @@ def test_the_tree_calibration_fits_the_costs_that_made_its_timings() -> None:
 
 
 def test_figure6_small_runs_with_and_without_the_tree() -> None:
-    """Configuration B (16 hosts): its calls go down trees (16 > 4), which take the scheduler's cost per
+    """Configuration B (16 hosts): its calls go down trees (16 > 2), which take the scheduler's cost per
     host out of each call, so pathdask keeps up with the multi-controller at smaller computations."""
     from pathdask.simulate.figures import MC, NO_TREE, TREE, figure6
 
@@ -305,7 +305,7 @@ def test_figure6_small_runs_with_and_without_the_tree() -> None:
     out = figure6(CostModel.load().cluster(), small=True, echo=lines.append)
     b = out["B"]
     assert set(b["rates"]) == {TREE, NO_TREE, MC} and b["tree"] and b["paper_95pct_at_s"] == 2.3e-3
-    assert b["fanout"] == {"degree": 4, "threshold": 4}
+    assert b["fanout"] == {"degree": 4, "threshold": 2}
     assert b["rates"][TREE][0] > 1.5 * b["rates"][NO_TREE][0]  # 1 ms gangs: the scheduler bounded the calls
     assert b["reaches_95pct_at_s"] < b["reaches_95pct_at_s_no_tree"]
     per_call = b["per_call_s"]

@@ -37,18 +37,23 @@ def build_call(pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, in
     """The call (one entry of a ``protocol.Calls`` record's ``calls``), every key it creates,
     and the output keys per output and host.
 
-    Every plan must be cached on its host already (it has an id). The call's hosts, each
-    host's part and the outputs travel as separate lists, so that the scheduler hands the
-    parts down a fan-out tree without looking into them.
+    Every plan must be cached on its host already, all under the program's one id. The
+    call names its hosts once, its plan once, and the hosts that own output keys by their
+    position (``owned``: ``(i, [(key, output)])``), so that the scheduler hands it down a
+    fan-out tree without looking into it, and it carries nothing per host that is the same
+    on every host.
     """
     out_keys = _output_keys(pid, plans, shared=True)
-    parts = []
-    for addr, plan in plans.items():
-        assert plan.id, "a call names plans its hosts hold"
-        parts.append((plan.id, [(out_keys[j][addr], j) for j in plan.owned if addr in out_keys[j]]))
+    ids = {plan.id for plan in plans.values()}
+    assert len(ids) <= 1 and "" not in ids, f"a call names one plan id, which its hosts hold; got {ids}"
+    owned = []
+    for i, (addr, plan) in enumerate(plans.items()):
+        mine = [(out_keys[j][addr], j) for j in plan.owned if addr in out_keys[j]]
+        if mine:
+            owned.append((i, mine))
     outputs = [(key, j, addr) for j, hosts in out_keys.items() for addr, key in hosts.items()]
     # the slotting information without the outputs and producers: the scheduler reads those
     # from ``outputs`` and ``inputs``, so that the message carries each key once
-    call = {"pid": pid, "hosts": list(plans), "parts": parts, "outputs": outputs,
+    call = {"pid": pid, "hosts": list(plans), "plan": ids.pop() if ids else "", "owned": owned, "outputs": outputs,
             "inputs": [list(i) for i in inputs], "program": _annotation(pid, plans, {}, ())}
     return call, [k for k, _j, _a in outputs], out_keys

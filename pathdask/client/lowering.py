@@ -79,9 +79,11 @@ def fuse(graph: ProgramGraph, overlap: bool = True) -> dict[str, HostPlan]:
     plan lists, per local device, the ops of its tasks in layer (program) order, and
     is what a call names on that host. Dependencies between the tasks need no Dask
     edges after fusion: a device runs its ops in order, and data moves between devices
-    runtime to runtime.
+    runtime to runtime. Every host's plan of one program has the same id (each host
+    caches its own under it), so that a call names its plan once, whatever its hosts.
     """
     program = graph.program
+    plan_id = uuid.uuid4().hex
     ops: dict[str, dict[int, list[Op]]] = defaultdict(lambda: defaultdict(list))
     gangs: dict[str, dict[int, GangSpec]] = defaultdict(dict)
     for layer in graph.layers.values():
@@ -102,7 +104,7 @@ def fuse(graph: ProgramGraph, overlap: bool = True) -> dict[str, HostPlan]:
             gangs[addr],
             {d: tuple(defer_receives(o) if overlap else o) for d, o in dev_ops.items()},
             {j: tuple(p) for j, p in owned[addr].items()},
-            uuid.uuid4().hex,
+            plan_id,
             alone=len(ops) == 1,
         )
         for addr, dev_ops in ops.items()

@@ -242,24 +242,28 @@ class HostCore:
 
     def fan(self, msg: Fan) -> list[Instruction]:
         """A fan-out tree's record: the children's shares go on first, then this host's part."""
-        hosts, parts_of = msg.hosts, lambda parts, a, b: parts[a:b] if parts is not None else None
-        call, order = msg.call, msg.order
+        hosts, call, order = msg.hosts, msg.call, msg.order
         out: list[Instruction] = []
         children = 0
         for a, b in shares(len(hosts), msg.degree):
             children += 1
-            out.append(Relay(hosts[a], Fan(
-                hosts[a:b], self.address, msg.degree,
-                call=None if call is None else (*call[:3], parts_of(call[3], a, b)),
-                order=None if order is None else (*order[:3], parts_of(order[3], a, b)),
-                release=msg.release)))
+            out.append(Relay(hosts[a], Fan(hosts[a:b], self.address, msg.degree,
+                                           call=None if call is None else _call_share(call, a, b),
+                                           order=None if order is None else _order_share(order, a, b),
+                                           release=msg.release)))
+        devices: list[int] = []
+        if order is not None and order[3] is None:  # the devices of the plan its call names
+            plan = self.plans.peek(order[1], call[3]) if call is not None else None
+            devices = list(plan.ops) if plan is not None else []  # none: the call fails, dropped
         if call is not None:
-            client, pid, inputs, parts = call
-            plan, outputs = parts[0]
-            out += self.calls(client, [(pid, plan, inputs, outputs)])
+            client, pid, inputs, plan_id, owned = call
+            outputs: list[tuple[Any, int]] = next((o for i, o in owned if i == 0), [])
+            out += self.calls(client, [(pid, plan_id, inputs, outputs)])
         if order is not None:
-            pid, client, slot, parts = order
-            devices, prev = parts[0]
+            pid, client, slot, each, prevs = order
+            prev = prevs if isinstance(prevs, int) else prevs[0]
+            if each is not None:
+                devices = each[0]
             if not self._ordered_already(slot, prev) and pid not in self.cut and self._reports(hosts):
                 self.endings.start(pid, msg.parent, children, hosts)  # not ordered here already
             out += self.order([(pid, client, devices, slot, prev)])
@@ -461,3 +465,17 @@ class HostCore:
         for pid in self.ledger.pids():
             out += self.drop_program(pid, cause)
         return out
+
+
+def _call_share(call: tuple[Any, ...], a: int, b: int) -> tuple[Any, ...]:
+    """A tree call's record for the subtree of hosts ``[a, b)``: the output keys its hosts own,
+    counted from its first."""
+    client, pid, inputs, plan_id, owned = call
+    return client, pid, inputs, plan_id, [(i - a, o) for i, o in owned if a <= i < b]
+
+
+def _order_share(order: tuple[Any, ...], a: int, b: int) -> tuple[Any, ...]:
+    """A tree order's record for the subtree of hosts ``[a, b)``."""
+    pid, client, slot, each, prevs = order
+    return (pid, client, slot, None if each is None else each[a:b],
+            prevs if isinstance(prevs, int) else prevs[a:b])

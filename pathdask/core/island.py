@@ -109,11 +109,16 @@ class SchedulerCore:
         self.orphans: dict[Any, Output] = {}
         #: program -> the programs not yet ended that read its outputs
         self.readers: dict[str, list[Submission]] = {}
-        #: host -> the slot of the last program ordered there (the next one's ``prev``)
-        self.last_slot: dict[str, int] = {}
-        #: tree program ordered, its first host's report not yet in -> (program, slot, prev per
-        #: host): if a host of it is lost, it is ordered again directly on the others
-        self.chains: dict[str, tuple[Submission, int, list[int]]] = {}
+        #: host -> the run of programs it last took part in (whose last slot is the next
+        #: one's ``prev`` there)
+        self.host_runs: dict[str, _Run] = {}
+        #: a run's hosts, in its programs' order -> the run, while each of them still last took
+        #: part in it: the next program on exactly those hosts has one ``prev`` for all
+        self.runs: dict[tuple[str, ...], _Run] = {}
+        #: tree program ordered, its first host's report not yet in -> (program, slot, its
+        #: ``prev``: one for every host, or one per host): if a host of it is lost, it is
+        #: ordered again directly on the others
+        self.chains: dict[str, tuple[Submission, int, int | list[int]]] = {}
         #: tree release sent, not yet reported carried out -> (its hosts, what it releases),
         #: sent again directly if a host of its tree is lost
         self.releasing: dict[str, tuple[list[str], list[tuple[str, int]]]] = {}
@@ -125,7 +130,7 @@ class SchedulerCore:
     def host_joined(self, host: str, transport: str | None) -> list[Instruction]:
         """A host registered: the others learn where its transport listens."""
         self.hosts.add(host)
-        self.last_slot.pop(host, None)  # a fresh runtime starts its chain again
+        self._leave_run(host)  # a fresh runtime starts its chain again
         return [SendAll(HostJoined(host, transport), but=host)]
 
     def host_lost(self, host: str, describe: str, *, failing: bool = True) -> list[Instruction]:
@@ -134,7 +139,7 @@ class SchedulerCore:
         if host not in self.hosts:
             return []
         self.hosts.discard(host)
-        self.last_slot.pop(host, None)
+        self._leave_run(host)
         out: list[Instruction] = [SendAll(HostLost(host))]
         affected = [s for s in self.order.inflight.values() if host in s.hosts]
         # a tree program's ending comes up its tree, through hosts that may be cut off: it
@@ -192,22 +197,27 @@ class SchedulerCore:
 
     def take_call(self, client: str, call: dict[str, Any]) -> list[Instruction]:
         """A checked call whose keys exist: forward its parts (to each host, or down its tree,
-        untouched) and slot it."""
-        pid, hosts, parts = call["pid"], call["hosts"], call["parts"]
-        out: list[Instruction]
-        if self.fans(hosts):
-            self.fanned += 1
-            out = [Send(hosts[0], Fan(hosts, None, self.degree, call=(client, pid, call["inputs"], parts)))]
-        else:
-            out = [Forward(addr, (pid, plan, call["inputs"], outputs)) for addr, (plan, outputs) in zip(hosts, parts)]
-        return out + self.submit(client, {
-            **call["program"], "outputs": [(k, owner, j) for k, j, owner in call["outputs"]], "shared": True,
-            "deps": sorted({producer for producer, _ in call["inputs"]})})
+        untouched, with its order when it is slotted at once) and slot it."""
+        pid, hosts, plan, owned = call["pid"], call["hosts"], call["plan"], call["owned"]
+        info = {**call["program"], "outputs": [(k, owner, j) for k, j, owner in call["outputs"]], "shared": True,
+                "deps": sorted({producer for producer, _ in call["inputs"]})}
+        if not self.fans(hosts):
+            outputs = dict(owned)
+            return [*(Forward(addr, (pid, plan, call["inputs"], outputs.get(i, []))) for i, addr in enumerate(hosts)),
+                    *self.submit(client, info)]
+        self.fanned += 1
+        carried = (client, pid, call["inputs"], plan, owned)
+        out = self.submit(client, info, carried)
+        if not any(isinstance(i, Send) and isinstance(i.msg, Fan) and i.msg.call is carried for i in out):
+            out.insert(0, Send(hosts[0], Fan(hosts, None, self.degree, call=carried)))  # slotted later
+        return out
 
-    def submit(self, client: str, info: dict[str, Any]) -> list[Instruction]:
+    def submit(self, client: str, info: dict[str, Any], carried: tuple[Any, ...] | None = None
+               ) -> list[Instruction]:
         """Slot a program from its ``pathdask`` annotation (``client/lowering.py``); with
         ``shared``, each output's key owns its shards on every host of the program (a call),
-        else only on the host holding the key (a graph's per-host keys)."""
+        else only on the host holding the key (a graph's per-host keys). ``carried``: a tree
+        call's record, which goes in its order's ``Fan`` if it is slotted now."""
         pid, hosts = info["pid"], info["hosts"]
         shared = info.get("shared", False)
         for key, addr, j in info["outputs"]:
@@ -225,7 +235,7 @@ class SchedulerCore:
             self._ended(sub)
             reason = f"host(s) {sorted(gone)} left the cluster before this program was slotted"
             return [Send(a, DropPrograms([pid], reason, min(gone))) for a in hosts if a not in gone]
-        return self._orders(self.order.submit(sub, self.clients.get(client, 1.0)))
+        return self._orders(self.order.submit(sub, self.clients.get(client, 1.0)), carried)
 
     def call_failed(self, client: str, call: dict[str, Any], error: BaseException) -> list[Instruction]:
         """A call could not be made: its keys err for the client, its program is dropped."""
@@ -310,6 +320,8 @@ class SchedulerCore:
             hosts = list(reader.hosts)
             instructions += self._release_to(hosts, outputs, direct=not self.hosts.issuperset(hosts))
             covered.update(hosts)
+        if covered.issuperset(out.hosts):  # read by the next call on its mesh, say
+            return instructions
         rest = [a for a in out.hosts if a not in covered]
         if rest:
             instructions += self._release_to(rest, outputs, direct=not self.hosts.issuperset(rest))
@@ -327,15 +339,36 @@ class SchedulerCore:
         return [Send(a, ReleaseOutputs(outputs), now=False) for a in hosts if a in self.hosts]
 
     # -- orders -------------------------------------------------------------------------------
-    def _chain(self, sub: Submission, slot: int) -> list[int]:
-        """The ``prev`` of ``sub`` on each of its hosts, in their order; it becomes their last."""
-        last = self.last_slot
-        prevs = list(map(last.get, sub.hosts, repeat(-1)))
-        last.update(zip(sub.hosts, repeat(slot)))
-        return prevs
+    def _chain(self, sub: Submission, slot: int) -> int | list[int]:
+        """The ``prev`` of ``sub`` on its hosts: one slot, if it is the same on each (the
+        program before it there ran on exactly its hosts, as call after call on one mesh
+        does: found in one lookup, whatever the hosts), else one per host, in their order.
+        ``slot`` becomes their last."""
+        key = tuple(sub.hosts)
+        run = self.runs.get(key)
+        if run is not None:
+            prev, run.last = run.last, slot
+            return prev
+        host_runs = self.host_runs
+        prevs = [r.last if (r := host_runs.get(h)) is not None else -1 for h in key]
+        self.runs[key] = run = _Run(key, slot)
+        for h in key:
+            self._leave_run(h)
+            host_runs[h] = run
+        first = prevs[0]
+        return first if prevs.count(first) == len(prevs) else prevs
 
-    def _orders(self, slotted: Iterable[tuple[int, Submission]]) -> list[Instruction]:
-        """Tell each host of each newly slotted program where it goes in its devices' order."""
+    def _leave_run(self, host: str) -> None:
+        """``host`` takes part in another run (or none): its old run is no longer whole."""
+        old = self.host_runs.pop(host, None)
+        if old is not None and self.runs.get(old.key) is old:
+            del self.runs[old.key]
+
+    def _orders(self, slotted: Iterable[tuple[int, Submission]], carried: tuple[Any, ...] | None = None
+                ) -> list[Instruction]:
+        """Tell each host of each newly slotted program where it goes in its devices' order;
+        a tree program's order goes with ``carried``, its call's record, if that is its call
+        (then each host takes its devices from the plan the call names)."""
         out: list[Instruction] = [Progress()]
         if not self.ordering:
             return out
@@ -344,19 +377,35 @@ class SchedulerCore:
             prevs = self._chain(sub, slot)
             if sub.ends is not None:
                 self.chains[sub.pid] = (sub, slot, prevs)
-                hosts = list(sub.hosts)
-                out.append(Send(hosts[0], Fan(hosts, None, self.degree, order=(
-                    sub.pid, sub.client, slot, list(zip(sub.hosts.values(), prevs))))))
+                call = carried if carried is not None and carried[1] == sub.pid else None
+                each = None if call is not None else list(sub.hosts.values())
+                out.append(Send(sub.ends[0], Fan(list(sub.hosts), None, self.degree, call=call,
+                                                 order=(sub.pid, sub.client, slot, each, prevs))))
                 continue
-            for (addr, devices), prev in zip(sub.hosts.items(), prevs):
+            for (addr, devices), prev in zip(sub.hosts.items(), _each(prevs)):
                 per_host.setdefault(addr, []).append((sub.pid, sub.client, devices, slot, prev))
         return out + [Send(addr, Order(programs)) for addr, programs in per_host.items()]
 
-    def _reorder(self, trees: list[tuple[Submission, int, list[int]]], but: str) -> list[Instruction]:
+    def _reorder(self, trees: list[tuple[Submission, int, int | list[int]]], but: str) -> list[Instruction]:
         """Order tree programs again, ``(program, slot, prevs)``, on each of their hosts but
         ``but``, directly (after their drop)."""
         out: list[Instruction] = []
         for sub, slot, prevs in trees:
             out += [Send(a, Order([(sub.pid, sub.client, devices, slot, prev)]))
-                    for (a, devices), prev in zip(sub.hosts.items(), prevs) if a != but]
+                    for (a, devices), prev in zip(sub.hosts.items(), _each(prevs)) if a != but]
         return out
+
+
+class _Run:
+    """Programs ordered one after another on the same hosts: ``key``, those hosts in order;
+    ``last``, the slot of the last of them."""
+
+    __slots__ = ("key", "last")
+
+    def __init__(self, key: tuple[str, ...], last: int) -> None:
+        self.key, self.last = key, last
+
+
+def _each(prevs: int | list[int]) -> Iterable[int]:
+    """A ``prev`` per host: the list itself, or the one slot repeated."""
+    return repeat(prevs) if isinstance(prevs, int) else prevs

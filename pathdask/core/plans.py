@@ -48,6 +48,11 @@ class PlanCache:
             cache.move_to_end(plan_id)
         return plan
 
+    def peek(self, client: str, plan_id: str) -> HostPlan | None:
+        """Plan ``plan_id`` of ``client`` if this host holds it, else ``None``; it stays unused."""
+        cache = self._plans.get(client)
+        return None if cache is None else cache.get(plan_id)
+
     def discard(self, plan_id: str) -> None:
         """Forget a plan used once (a put's, with its data), e.g. when its program is dropped."""
         client = self._once.pop(plan_id, None)

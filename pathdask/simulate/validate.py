@@ -198,7 +198,7 @@ def pipeline_rows(costs: CostModel, small: bool, meter: SpeedMeter, echo: Echo) 
 
 
 #: hosts (of one device each, in one island) of the rows beyond the calibration's 4: above the
-#: fan-out trees' default threshold (4), so that the runtime sends these calls down trees
+#: fan-out trees' default threshold (2), so that the runtime sends these calls down trees
 HOSTS = (8, 16)
 
 
