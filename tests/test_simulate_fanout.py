@@ -249,9 +249,11 @@ def test_a_calibration_without_the_trees_costs_derives_them_from_the_per_host_on
 
 def test_the_shipped_calibration_has_the_trees_measured_costs() -> None:
     shipped = CostModel.load()
-    assert all(getattr(shipped, n) > 0 for n in ("scheduler_tree_s", "relay_forward_s", "relay_done_s"))
-    assert "measured" in shipped.source["fanout"] and "raw_tree" in shipped.source
-    raw = shipped.source["raw_tree"]
+    assert shipped.scheduler_tree_s > 0 and shipped.relay_forward_s > 0
+    assert shipped.relay_done_s >= 0  # endings up a tree may cost the hosts no more than each reporting directly
+    assert "measured" in shipped.source["fanout"]
+    # measured with the rest (``--calibrate``), or merged into an earlier calibration (``merge``)
+    raw = shipped.source["raw_tree"] if "raw_tree" in shipped.source else shipped.source["raw"]["tree"]
     assert all(raw[h]["tree"]["fanned"] == 1 and raw[h]["direct"]["fanned"] == 0 for h in ("2", "4", "8"))
 
 
