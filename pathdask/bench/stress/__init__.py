@@ -4,8 +4,9 @@ Each run starts a new :class:`~pathdask.LocalSystem` (2 islands x 2 hosts x 2
 devices, 64 MiB of HBM each) and draws, from ``random.Random(seed * 1000 + run)``:
 
 - the policy (``fifo`` or ``proportional``) and a dispatch jitter in [0, 3] ms;
-- ``pathdask.fanout.threshold``, 1 or 4: with 1, every program on two hosts or more
-  goes down a fan-out tree of its hosts, so the killed worker below may be a relay
+- ``pathdask.fanout.threshold``, 1, the default (2) or 4: with 1, every program on two
+  hosts or more goes down a fan-out tree of its hosts, with 2 those on three or four
+  (meshes across both islands), with 4 none; so the killed worker below may be a relay
   of programs in flight;
 - 1 to ``max_clients`` clients, each a thread of this process or a process of its
   own (``pw.connect``), with a weight from (1, 2, 4, 8);

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import DeviceLostError, DispatchError, GangAbortedError, PlanMissingError
+from ...core.fanout import DEFAULT_THRESHOLD
 from ...topology import Topology
 
 Echo = Callable[[str], Any]
@@ -107,8 +108,8 @@ class RunPlan:
     victim: int = 0  # which worker, as an index into the sorted worker addresses
     fail_dispatch_after: int | None = None  # one host's next dispatch fails once this many ended
     #: ``pathdask.fanout.threshold``: 1 sends every program on two hosts or more down a fan-out
-    #: tree (so a killed worker may be a relay), the default only larger ones
-    fanout: int = 4
+    #: tree (so a killed worker may be a relay), the default (2) those on 3 or 4 hosts, 4 none
+    fanout: int = DEFAULT_THRESHOLD
 
 
 def plan_run(cfg: Config, run: int, budget: list[int | None]) -> RunPlan:
@@ -141,4 +142,4 @@ def plan_run(cfg: Config, run: int, budget: list[int | None]) -> RunPlan:
     if cfg.chaos and rng.random() < cfg.dispatch_fail:
         fail = rng.randint(1, max(1, sum(c.programs for c in clients) // 2))
     return RunPlan(cfg.seed * 1000 + run, rng.choice(["fifo", "proportional"]), rng.uniform(0, 0.003),
-                   clients, kill, rng.randrange(topo.num_hosts), fail, rng.choice([1, 4]))
+                   clients, kill, rng.randrange(topo.num_hosts), fail, rng.choice([1, DEFAULT_THRESHOLD, 4]))
