@@ -19,9 +19,9 @@ __all__ = ["CallMeter", "PARTS"]
 PARTS = {
     "check": "its hosts are live and its output keys new",
     "keys": "its output keys made in memory on their hosts (Dask's task state), one per output",
-    "slot": "the scheduler core takes it: parts to forward (a tree's: one Fan), slotted in the order",
-    "order": "the Order records to its hosts (a tree's: one Fan to its first host), onto the streams",
-    "forward": "the Dispatch records (each host's part) onto the streams",
+    "slot": "the scheduler core takes it: parts to forward (a tree's: one Fan, its order in it), slotted",
+    "order": "the Order records to its hosts, onto the streams (a tree's goes in its Fan)",
+    "forward": "the Dispatch records (each host's part; a tree's: its one Fan) onto the streams",
     "ended": "each host's ProgramDone (a tree's: its first host's, for all)",
     "forgotten": "each output key forgotten: its hosts told to free the buffers (a tree's: one Fan)",
 }
