@@ -75,20 +75,24 @@ Echo = Callable[[str], Any]
 
 
 def _timer(inner: Callable[..., Any], spans: list[float],
-           calls: Callable[[dict[str, Any]], int] = lambda kwargs: 1) -> Callable[..., Any]:
+           calls: Callable[[dict[str, Any]], int] = lambda kwargs: 1,
+           clock: Callable[[], float] = time.perf_counter) -> Callable[..., Any]:
     """``inner``, timed: each run's duration per call (``calls`` of its keyword arguments) lands in ``spans``."""
     def record(seconds: float, kwargs: dict[str, Any]) -> None:
         n = calls(kwargs)
         spans.extend([seconds / n] * n)
 
-    return timed(inner, record)
+    return timed(inner, record, clock)
 
 
 def _timed_dispatch(system: LocalSystem) -> list[float]:
     """Wrap every host's handler of calls (of ``protocol.Dispatch`` records: the output keys' handles
-    and the registration) so that its duration per call lands in the returned list."""
+    and the registration) so that its CPU per call lands in the returned list. Its thread's CPU,
+    not its duration: the handler hands the GIL to the devices it woke (``tuning.hand_over``),
+    whose gangs then run before it goes on."""
     spans: list[float] = []
-    wrap_dispatch(system, lambda handler: _timer(handler, spans, lambda kwargs: len(kwargs.get("calls", ())) or 1))
+    wrap_dispatch(system, lambda handler: _timer(handler, spans, lambda kwargs: len(kwargs.get("calls", ())) or 1,
+                                                 time.thread_time))
     return spans
 
 

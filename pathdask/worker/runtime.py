@@ -347,13 +347,25 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
 
     # -- instructions out ------------------------------------------------------------
     def apply(self, instructions: list[Instruction]) -> None:
-        """Carry out the core's instructions, in order."""
+        """Carry out the core's instructions, in order.
+
+        Devices woken for a program they can run now take the GIL before the instructions
+        after their wake (``tuning.hand_over``): the keys' handles, say, go in Dask's data while
+        the gang runs, not before. A device woken for a program not dispatched here yet would
+        only look and wait again, so its order's wake hands nothing over.
+        """
+        woke = False  # a device was woken for a program it can run
         for ins in instructions:
+            if woke and not isinstance(ins, (Enqueue, Wake)):
+                tuning.hand_over()
+                woke = False
             if isinstance(ins, Enqueue):
                 self.streams[ins.device].enqueue(ins.pid)
+                woke = woke or self.ledger.ready(ins.pid)
             elif isinstance(ins, Wake):
                 for d in ins.devices:
                     self.streams[d].wake()
+                woke = True
             elif isinstance(ins, Declare):
                 self.store.declare(ins.key, ins.device, owned=ins.owned, consumers=ins.consumers,
                                    client=ins.client)
@@ -387,6 +399,8 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
                 raise ins.error
             else:  # pragma: no cover - a new instruction without its executor
                 raise TypeError(f"HostRuntime cannot carry out {ins!r}")
+        if woke:
+            tuning.hand_over()
 
     def _hand_over(self, pid: str) -> None:
         self.apply(self.core.hand_over(pid))
