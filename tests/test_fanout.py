@@ -138,7 +138,7 @@ def test_a_tree_call_is_one_record_naming_each_host_once():
     order together, each host named once, one plan id, the devices taken from that plan on each
     host, and one ``prev`` while calls stay on one mesh. A call on some of those hosts in
     between gives each host its own ``prev`` once; the relays hand each child its share."""
-    from pathdask.core.host import Enqueue, HostCore, Relay
+    from pathdask.core.host import Enqueue, HostCore, Register, Relay, Wake
     from pathdask.core.island import SchedulerCore, Send
     from pathdask.ops import GangSpec, HostPlan, KernelOp, OutSpec
     from pathdask.protocol import Fan
@@ -178,6 +178,11 @@ def test_a_tree_call_is_one_record_naming_each_host_once():
                                   "plan-p1")])
     took = root.fan(first)
     assert Enqueue(0, "p1") in took  # its device, from the plan
+    # its order first, as a direct call's records come: the call's registration then finds its
+    # place taken, and its device, woken, may run it at once (the runtime hands it the GIL)
+    [register] = [i for i in took if isinstance(i, Register)]
+    assert took.index(Enqueue(0, "p1")) < took.index(register)
+    assert root.register(register.prog, register.enqueue) == [Wake((0,), True)]
     relayed = [i for i in took if isinstance(i, Relay)]
     assert [r.host for r in relayed] == ["h1", "h3", "h5", "h7"]
     last = relayed[-1].msg

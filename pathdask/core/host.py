@@ -61,14 +61,18 @@ class PutHandles(NamedTuple):
 
 
 class Enqueue(NamedTuple):
-    """``pid`` takes the next place in ``device``'s order."""
+    """``pid`` takes the next place in ``device``'s order; ``runs``: it is dispatched here, so
+    that the device may run it now (the runtime then hands it the GIL, ``tuning.hand_over``)."""
     device: int
     pid: str
+    runs: bool = False
 
 
 class Wake(NamedTuple):
-    """``devices`` look at their heads again (a program became ready, or was dropped)."""
+    """``devices`` look at their heads again (a program became ready, or was dropped); ``runs``:
+    the program that became ready has its place in their orders, so that they may run it now."""
     devices: tuple[int, ...]
+    runs: bool = False
 
 
 class Declare(NamedTuple):
@@ -238,10 +242,15 @@ class HostCore:
         self.last_slot = slot
         if not self.ledger.slot(pid, client, devices):
             return [Ended(pid)]  # dropped before its slot came: nothing to run here
-        return [Enqueue(d, pid) for d in devices]
+        runs = self.ledger.ready(pid)
+        return [Enqueue(d, pid, runs) for d in devices]
 
     def fan(self, msg: Fan) -> list[Instruction]:
-        """A fan-out tree's record: the children's shares go on first, then this host's part."""
+        """A fan-out tree's record: the children's shares go on first, then this host's part: its
+        order, then its call, as the scheduler's records come where it sends them directly, so
+        that the call's registration finds its place taken and its devices run it at once. A call
+        whose plan is not here (no devices to order) goes first: it fails, and its order then
+        finds it dropped and ends it."""
         hosts, call, order = msg.hosts, msg.call, msg.order
         out: list[Instruction] = []
         children = 0
@@ -252,21 +261,17 @@ class HostCore:
                                            order=None if order is None else _order_share(order, a, b),
                                            release=msg.release)))
         devices: list[int] = []
-        if order is not None and order[3] is None:  # the devices of the plan its call names
-            plan = self.plans.peek(order[1], call[3]) if call is not None else None
+        if order is not None and order[3] is not None:
+            devices = order[3][0]
+        elif order is not None and call is not None:  # the devices of the plan its call names
+            plan = self.plans.peek(order[1], call[3])
             devices = list(plan.ops) if plan is not None else []  # none: the call fails, dropped
-        if call is not None:
-            client, pid, inputs, plan_id, owned = call
-            outputs: list[tuple[Any, int]] = next((o for i, o in owned if i == 0), [])
-            out += self.calls(client, [(pid, plan_id, inputs, outputs)])
+        if call is not None and not devices:
+            out += self._fan_call(call)
         if order is not None:
-            pid, client, slot, each, prevs = order
-            prev = prevs if isinstance(prevs, int) else prevs[0]
-            if each is not None:
-                devices = each[0]
-            if not self._ordered_already(slot, prev) and pid not in self.cut and self._reports(hosts):
-                self.endings.start(pid, msg.parent, children, hosts)  # not ordered here already
-            out += self.order([(pid, client, devices, slot, prev)])
+            out += self._fan_order(order, devices, msg.parent, children, hosts)
+        if call is not None and devices:
+            out += self._fan_call(call)
         if msg.release is not None:
             ack, outputs = msg.release
             out += self.release_outputs(outputs)
@@ -274,6 +279,19 @@ class HostCore:
                 self.endings.start(ack, msg.parent, children, hosts, release=True)
                 out += self._report(ack)
         return out
+
+    def _fan_call(self, call: tuple[Any, ...]) -> list[Instruction]:
+        client, pid, inputs, plan_id, owned = call
+        outputs: list[tuple[Any, int]] = next((o for i, o in owned if i == 0), [])
+        return self.calls(client, [(pid, plan_id, inputs, outputs)])
+
+    def _fan_order(self, order: tuple[Any, ...], devices: list[int], parent: str | None, children: int,
+                   hosts: list[str]) -> list[Instruction]:
+        pid, client, slot, _each, prevs = order
+        prev = prevs if isinstance(prevs, int) else prevs[0]
+        if not self._ordered_already(slot, prev) and pid not in self.cut and self._reports(hosts):
+            self.endings.start(pid, parent, children, hosts)  # not ordered here already
+        return self.order([(pid, client, devices, slot, prev)])
 
     def _report(self, pid: str) -> list[Instruction]:
         """One report of a tree program's ending (this host's own, or a child's subtree)."""
@@ -380,8 +398,8 @@ class HostCore:
         refused = self.ledger.register(prog)
         assert slotted and refused is None, (prog.pid, refused)
         if enqueue:
-            return [Enqueue(d, prog.pid) for d in prog.plan.ops]
-        return [Wake(tuple(prog.plan.ops))]
+            return [Enqueue(d, prog.pid, True) for d in prog.plan.ops]
+        return [Wake(tuple(prog.plan.ops), self.ledger.slotted(prog.pid))]
 
     def _reads(self, prog: HostProgram, sign: int) -> list[Instruction]:
         """Declare (+1) or withdraw (-1) the reads the program's ops will make of their inputs."""

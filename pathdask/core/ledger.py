@@ -104,6 +104,11 @@ class Ledger:
         with self.lock:
             return pid in self._programs or pid in self._dropped
 
+    def slotted(self, pid: str) -> bool:
+        """Whether ``pid`` has its place in its devices' orders here (and not all popped it)."""
+        with self.lock:
+            return pid in self._slotted
+
     def dropped(self, pid: str) -> BaseException | None:
         with self.lock:
             return self._dropped.get(pid)

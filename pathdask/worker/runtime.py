@@ -349,10 +349,10 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
     def apply(self, instructions: list[Instruction]) -> None:
         """Carry out the core's instructions, in order.
 
-        Devices woken for a program they can run now take the GIL before the instructions
-        after their wake (``tuning.hand_over``): the keys' handles, say, go in Dask's data while
-        the gang runs, not before. A device woken for a program not dispatched here yet would
-        only look and wait again, so its order's wake hands nothing over.
+        Devices woken for a program they can run now (``runs``) take the GIL before the
+        instructions after their wake (``tuning.hand_over``): the keys' handles, say, go in
+        Dask's data while the gang runs, not before. A device woken for a program that is not
+        both ordered and dispatched here would only look and wait again: no hand-over.
         """
         woke = False  # a device was woken for a program it can run
         for ins in instructions:
@@ -361,11 +361,11 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
                 woke = False
             if isinstance(ins, Enqueue):
                 self.streams[ins.device].enqueue(ins.pid)
-                woke = woke or self.ledger.ready(ins.pid)
+                woke = woke or ins.runs
             elif isinstance(ins, Wake):
                 for d in ins.devices:
                     self.streams[d].wake()
-                woke = True
+                woke = woke or ins.runs
             elif isinstance(ins, Declare):
                 self.store.declare(ins.key, ins.device, owned=ins.owned, consumers=ins.consumers,
                                    client=ins.client)
