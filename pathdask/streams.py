@@ -45,7 +45,8 @@ embedded system). A policy that holds programs back until slotted ones end
 hosts must end at once: a host lost before its ending arrived fails the program
 on every host, and with it the outputs that survived there (which elastic
 recovery reads); a program that ran on the lost host alone loses its outputs
-with it anyway.
+with it anyway. "At once" is per wake of the host's loop: the endings it takes
+up together go in one write (``HostRuntime._take_endings``).
 """
 
 from __future__ import annotations

@@ -377,9 +377,27 @@ def test_a_program_dropped_before_its_slot_withdraws_every_read_it_declared():
     *registered, put = out
     assert isinstance(put, H.PutHandles) and ("p1-out-h0",) == tuple(put.data)  # after the registration
     assert isinstance(registered[-1], H.Register)  # the ledger learns of it only after the counts
-    assert core.register(registered[-1].prog, registered[-1].enqueue) == [H.Wake((0, 1))]  # not ordered here: nothing may run it yet
+    # not ordered here: nothing may run it yet
+    assert core.register(registered[-1].prog, registered[-1].enqueue) == [H.Wake((0, 1))]
     dropped = core.drop_client("a")
     withdrawn = sorted((i.key, i.device) for i in dropped if isinstance(i, H.Release) and i.consumers)
     assert withdrawn == declared
     assert core.order([("p1", "a", [0, 1], 0, -1)]) == [H.Ended("p1")]  # its late order ends it at once
     assert core.ledger.idle()
+
+
+def test_a_program_a_host_ran_alone_ends_there_without_telling_the_scheduler():
+    """A multi-controller's program (``run_alone``: the host registered it itself) ends on its host
+    and no scheduler is told, as none knows it; a program the scheduler sent is told."""
+    core = H.HostCore("h0", World._devices("h0"), NoAborts())
+    alone, sent = Program("m0", "mc", {"h0": [0, 1]}, None), Program("p0", "a", {"h0": [0, 1]}, None)
+    core.add_plans("a", [_plan(sent, "h0")])
+    [register] = [i for i in core.run_alone("m0", _plan(alone, "h0"), (), "mc") if isinstance(i, H.Register)]
+    assert core.register(register.prog, register.enqueue) == [H.Enqueue(0, "m0", True), H.Enqueue(1, "m0", True)]
+    assert core.device_done("m0", 0) == [] and core.device_done("m0", 1) == [H.Ended("m0")]
+    assert core.ended("m0") == [] and not core.own
+    assert core.order([("p0", "a", [0, 1], 0, -1)]) == [H.Enqueue(0, "p0"), H.Enqueue(1, "p0")]
+    [register] = [i for i in core.calls("a", [("p0", "plan-p0", [], [])]) if isinstance(i, H.Register)]
+    assert core.register(register.prog, register.enqueue) == [H.Wake((0, 1), True)]  # ordered: it may run
+    assert core.device_done("p0", 0) == [] and core.device_done("p0", 1) == [H.Ended("p0")]
+    assert core.ended("p0") == [H.Tell(ProgramDone("p0"))]

@@ -3,7 +3,8 @@
 There is no central dispatch: through ``client.run``, each host registers the
 same sequence of programs with its own runtime, in the same order, under the
 same program ids, so that the gangs meet in their collectives. The data plane
-(device streams, exchanges, link models) is exactly pathdask's.
+(device streams, exchanges, link models) is exactly pathdask's; no scheduler hears of
+these programs, not even of their ends (``HostCore.run_alone``).
 """
 
 from __future__ import annotations

@@ -187,6 +187,8 @@ class HostCore:
         self.early_orders: dict[int, tuple[str, str, list[int], int, int]] = {}
         #: tree programs whose ending has not gone up yet
         self.endings = Endings()
+        #: programs this host registered itself (``run_alone``, a multi-controller's), until they end
+        self.own: set[str] = set()
         #: hosts the scheduler said left (a tree that holds one will not report up)
         self.lost_hosts: set[str] = set()
         #: programs dropped because a host of theirs left: the scheduler ended them, so their
@@ -364,7 +366,8 @@ class HostCore:
     def run_alone(self, pid: str, plan: HostPlan, inputs: tuple[BufferKey, ...], client: str
                   ) -> list[Instruction]:
         """A multi-controller host registers a program of its own: its devices take it in
-        arrival order, with no scheduler and no order message."""
+        arrival order, with no scheduler and no order message; no scheduler hears of its end."""
+        self.own.add(pid)
         return self._register(HostProgram(pid, plan, inputs, client, self.aborts), enqueue=True)
 
     def _register(self, prog: HostProgram, enqueue: bool = False) -> list[Instruction]:
@@ -423,6 +426,9 @@ class HostCore:
         the parent does once every child reported it."""
         if pid in self.endings:
             return self._report(pid)
+        if pid in self.own:
+            self.own.discard(pid)
+            return []
         return [Tell(ProgramDone(pid))]
 
     def release_outputs(self, outputs: list[tuple[str, int]]) -> list[Instruction]:

@@ -43,7 +43,7 @@ from distributed.core import error_message
 from distributed.protocol import to_serialize
 
 from .. import tuning
-from ..compat import put_data, send_to_scheduler, worker_stream
+from ..compat import flush, put_data, send_to_scheduler, worker_stream
 from ..core.host import (
     Declare,
     DropBuffers,
@@ -208,6 +208,10 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
         self._endings_lock = threading.Lock()
         self._endings: list[str] = []
         self._batched_endings: set[str] = set()
+        #: endings taken together are told (event loop): those due at once wait for one write,
+        #: which ``_due`` says is owed
+        self._holding = False
+        self._due = False
         self.streams = {d: DeviceStream(self, info, driver) for d, info in self.devices.items()}
         if driver is not None:
             self.threads = [driver.drive([s.run for s in self.streams.values()])]
@@ -433,10 +437,18 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
             return False
 
     def _take_endings(self) -> None:
+        """The endings since the loop last took them; those due at once go in one write."""
         with self._endings_lock:
             pids, self._endings = self._endings, []
-        for pid in pids:
-            self._ended(pid)
+        self._holding, self._due = True, False
+        try:
+            for pid in pids:
+                self._ended(pid)
+        finally:
+            self._holding = False
+            if self._due:
+                assert self.worker is not None
+                flush(worker_stream(self.worker))
 
     def _ended(self, pid: str) -> None:
         """``pid`` has ended on this host (event loop): the scheduler learns it, waiters wake."""
@@ -452,6 +464,9 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
         fields = encode(msg)
         if isinstance(fields.get("cause"), BaseException):
             fields["cause"] = to_serialize(picklable(fields["cause"]))
+        if now and self._holding:  # with the other endings taken (``_take_endings``)
+            self._due = send_to_scheduler(self.worker, fields, False) or self._due
+            return
         send_to_scheduler(self.worker, fields, now)
 
     # -- sequential dispatch: gates ------------------------------------------------------
