@@ -26,7 +26,6 @@ interpreter's own interval (5 ms: the plugin's work, the figure held flat) and
 at pathdask's (what this one process pays), and both are reported.
 """
 
-
 from __future__ import annotations
 
 import gc

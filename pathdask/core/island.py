@@ -208,8 +208,8 @@ class SchedulerCore:
         self.fanned += 1
         carried = (client, pid, call["inputs"], plan, owned)
         out = self.submit(client, info, carried)
-        if not any(isinstance(i, Send) and isinstance(i.msg, Fan) and i.msg.call is carried for i in out):
-            out.insert(0, Send(hosts[0], Fan(hosts, None, self.degree, call=carried)))  # slotted later
+        if pid not in self.chains:  # not ordered now (its order's Fan would carry the call): it goes alone
+            out.insert(0, Send(hosts[0], Fan(hosts, None, self.degree, call=carried)))
         return out
 
     def submit(self, client: str, info: dict[str, Any], carried: tuple[Any, ...] | None = None
