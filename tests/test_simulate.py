@@ -542,7 +542,7 @@ def test_the_handler_clock_times_the_hosts_messages_of_one_call() -> None:
     handler's CPU. A burst of back-to-back calls goes partly in messages of several calls (the
     scheduler's slices), which it leaves out."""
     from pathdask.bench.dispatch import Kernels
-    from pathdask.simulate.measure import HandlerClock
+    from pathdask.simulate.measure import HandlerClock, handled
     from pathdask.system import LocalSystem, default_topology
 
     with LocalSystem(default_topology(), processes=False, dashboard_address=None) as system:
@@ -552,24 +552,18 @@ def test_the_handler_clock_times_the_hosts_messages_of_one_call() -> None:
         x = client.put(np.zeros(4), mesh, P("x"))
         kernels = Kernels(0.0, 32)
 
-        def settled() -> None:
-            # A device answers the fetch while its host's handler of the call still has the keys'
-            # handles to put (it handed the device the GIL first, ``tuning.hand_over``): the
-            # handler ends before the event loop the hosts share takes anything after it.
-            client.dask.run_on_scheduler(lambda: None)
-
         kernels.step(x).result()  # traced and warm
-        settled()
+        handled(client)
         mark = clock.mark()
         kernels.step(x).result()
-        settled()
+        handled(client)
         assert clock.mark() - mark == len(mesh.hosts) == 2 and 0 < clock.since(mark) < 0.1
         mark = clock.mark()
         y = x
         for _ in range(32):
             y = kernels.step(y)
         y.result()
-        settled()
+        handled(client)
         assert clock.mark() - mark < 32 * 2
         assert math.isnan(clock.since(clock.mark()))
         client.close()

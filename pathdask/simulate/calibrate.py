@@ -67,7 +67,7 @@ from ..bench.tenancy import _throughput
 from ..protocol import ProgramDone
 from ..system import LocalSystem
 from . import calibrate_tree
-from .measure import SpeedMeter, timed, wrap_dispatch
+from .measure import SpeedMeter, handled, timed, wrap_dispatch
 from .model import RELAY_DONE_SHARE, CostModel
 from .schedule import body_seconds
 
@@ -182,6 +182,7 @@ def _repeat(client: Any, kernels: Kernels, alone: dict[float, Kernels], x: Any,
     out["call"] = [(t1 - t0) / k]
     out["opbyop"] = [(t2 - t0) / k]
     out["opbyop_cpu"] = [(time.process_time() - c0) / k]
+    handled(client)
     out["dispatch1"] = [statistics.median(spans)]
     out["take"] = [statistics.mean(takes)]  # the mean: a slice holds CALL_SLICE of their sum
     for stretch, longer in alone.items():
@@ -190,6 +191,7 @@ def _repeat(client: Any, kernels: Kernels, alone: dict[float, Kernels], x: Any,
     t0 = time.perf_counter()
     kernels.chained(x).result()
     out["chained"] = [(time.perf_counter() - t0) / k]
+    handled(client)
     out["dispatchk"] = [statistics.median(spans)]
     t0 = time.perf_counter()
     kernels.fused(x).result()

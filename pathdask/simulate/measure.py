@@ -50,7 +50,7 @@ from distributed.protocol import dumps, loads
 
 from ..protocol import STREAM_OP, Dispatch, fields_of
 
-__all__ = ["HandlerClock", "SpeedMeter", "one_cpu", "settled", "timed", "wrap_dispatch"]
+__all__ = ["HandlerClock", "SpeedMeter", "handled", "one_cpu", "settled", "timed", "wrap_dispatch"]
 
 Echo = Callable[[str], Any]
 T = TypeVar("T")
@@ -193,6 +193,16 @@ def wrap_dispatch(system: Any, wrap: Callable[[Callable[..., Any]], Callable[...
         inner = rt.handlers[Dispatch]
         wrapped = wrap(lambda _inner=inner, **fields: _inner(Dispatch(**fields)))
         rt.handlers[Dispatch] = lambda msg, _wrapped=wrapped: _wrapped(**fields_of(msg))
+
+
+def handled(client: Any) -> None:
+    """Wait until the hosts of an embedded ``LocalSystem`` have ended their handlers of every
+    message before now. A device answers a fetch while its host's handler of the call may
+    still be putting the keys' handles (it handed the device the GIL first,
+    ``tuning.hand_over``), so a timing of that handler can land just after ``result()``
+    returns. The handler ends before the event loop the hosts and the scheduler share takes
+    anything after it: one round trip to the scheduler is the wait."""
+    client.dask.run_on_scheduler(lambda: None)
 
 
 class HandlerClock:
