@@ -105,3 +105,35 @@ def test_hosts_in_one_process_have_no_dask_memory_limit(psystem):
         shared = client.dask.run(_memory_watch)
         assert shared and all(not limit and not watched for limit, watched in shared.values()), shared
         assert len(system.cluster.workers) == SMALL.num_hosts
+
+
+def test_a_host_killed_before_the_scheduler_noticed_is_lost_not_unreachable():
+    """A fetch whose host's transport refuses because the host was just killed, before the
+    scheduler removed it (so the scheduler still names that transport), waits for the
+    scheduler's word: ``DeviceLostError``, and the client goes on fetching over the hosts'
+    sockets, instead of taking the host for one behind a firewall and fetching everything
+    over Dask's comms (each fetch of a lost array then waited for the host check)."""
+    from .test_fanout import _kill
+
+    with pw.LocalSystem(SMALL, processes=True, dashboard_address=None) as system:
+        with system.client(name="killed") as client:
+            mesh = client.mesh({"x": 4}, island=0)
+            x = client.put(np.arange(4.0), mesh, P("x"))
+            np.testing.assert_array_equal(x.result(timeout=30), np.arange(4.0))
+            sockets = client._hosts._sockets
+            assert sockets is not None
+            victim = mesh.hosts[-1]
+            transport = sockets.addresses[victim]
+            sockets.close()  # no idle connection to find closed: the fetch connects anew
+            sockets.closed = False
+            _kill(system, client, victim)  # its transport refuses from now on
+            sockets.lookup = lambda host: transport  # as the scheduler answers until it noticed
+            with pytest.raises(pw.DeviceLostError, match="left the cluster"):
+                x.result(timeout=30)
+            assert client._hosts._sockets is sockets  # still the sockets: the host left, no firewall
+            sockets.lookup = client._hosts.transport_of
+            others = client.mesh({"x": 4}, island=1)
+            y = client.put(np.arange(4.0), others, P("x"))
+            np.testing.assert_array_equal(y.result(timeout=30), np.arange(4.0))
+            assert all(sockets.idle[a] for a in others.hosts)
+            del x, y

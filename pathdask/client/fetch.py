@@ -53,6 +53,10 @@ HOST_CHECK_AFTER = 0.5
 HOST_CHECK_MAX = 5.0
 #: seconds to open a connection to a host's transport
 CONNECT_TIMEOUT = 10.0
+#: how long a client whose connection a host's transport refused waits for the scheduler to say
+#: whether that host left (a killed host refuses before the scheduler has removed it), before
+#: taking the host for unreachable from here (a firewall) and fetching over Dask's comms
+GONE_WAIT = 2.0
 
 
 class Unreachable(ConnectionError):
@@ -76,11 +80,14 @@ class HostSockets:
         ``None`` if the host has left.
     gone : callable
         ``gone(hosts)`` asks the scheduler which of ``hosts`` have left, in one message.
+    left : callable
+        ``left(host, seconds)``: whether the scheduler says within ``seconds`` that ``host`` left.
     """
 
     def __init__(self, token: bytes, transports: dict[str, str], tls: ssl.SSLContext | None,
-                 lookup: Callable[[str], str | None], gone: Callable[[list[str]], list[str]]) -> None:
-        self.token, self.tls, self.lookup, self.gone = token, tls, lookup, gone
+                 lookup: Callable[[str], str | None], gone: Callable[[list[str]], list[str]],
+                 left: Callable[[str, float], bool]) -> None:
+        self.token, self.tls, self.lookup, self.gone, self.left = token, tls, lookup, gone, left
         self.addresses = dict(transports)
         self.idle: dict[str, list[socket.socket]] = defaultdict(list)
         self.lock = threading.Lock()
@@ -143,7 +150,11 @@ class HostSockets:
         """An idle connection to host ``addr``'s transport that is still open, or a new one.
 
         A host restarted on its address has a new transport: where the known one
-        refuses, the scheduler is asked again.
+        refuses, the scheduler is asked again. Where the one it names refuses too, the host
+        may have just died (its process killed: the scheduler has not removed it yet), or be
+        out of this client's reach: the scheduler's word decides, within :data:`GONE_WAIT`.
+        Only a host still there after that is ``Unreachable``, which sends every later fetch
+        over Dask's comms.
         """
         while True:
             with self.lock:
@@ -169,7 +180,10 @@ class HostSockets:
             self.addresses[addr] = found
         try:
             return self._connect(found)
-        except OSError as e:  # the host is there, but this client cannot reach its transport
+        except OSError as e:
+            if self.left(addr, GONE_WAIT):
+                raise DeviceLostError(f"Host {addr}, which holds shards of this array, left the cluster") from e
+            # the host is there, but this client cannot reach its transport
             raise Unreachable(f"host {addr} is in the cluster, but its transport at {found} cannot be "
                               f"reached from this client ({type(e).__name__}: {e})") from e
 

@@ -47,7 +47,7 @@ class Hosts:
             security = self.dask.security
             self._sockets = HostSockets(info["transport_token"], info["transports"],
                                         security.get_connection_args("client").get("ssl_context"),
-                                        self.transport_of, self.hosts_gone)
+                                        self.transport_of, self.hosts_gone, self.left_within)
 
     async def ask(self, addr: str, msg: Message, role: str) -> Any:
         """Send host ``addr`` an RPC record (``protocol.py``); ``DeviceLostError`` as soon as the host is known gone.
@@ -106,6 +106,19 @@ class Hosts:
     def hosts_gone(self, hosts: list[str]) -> list[str]:
         """Which of ``hosts`` have left the cluster."""
         return list(self.dask.sync(ask, self._scheduler(f"waiting for hosts {hosts}"), HostsGone(hosts)))
+
+    def left_within(self, host: str, seconds: float) -> bool:
+        """Whether the scheduler says within ``seconds`` that ``host`` left the cluster."""
+        waiting = ask(self._scheduler(f"waiting for host {host} to leave"), WaitHostGone(host))
+
+        async def wait() -> bool:
+            try:
+                await asyncio.wait_for(waiting, seconds)
+            except TimeoutError:
+                return False
+            return True
+
+        return bool(self.dask.sync(wait))
 
     def transport_of(self, host: str) -> str | None:
         """Where host ``host``'s socket transport listens now; ``None`` if it has left."""
