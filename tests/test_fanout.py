@@ -189,3 +189,39 @@ def test_a_tree_call_is_one_record_naming_each_host_once():
     assert last.hosts == ["h7", "h8"] and last.call[4] == [(1, [("p1-out", 0)])] and last.order == first.order
     assert all(r.msg.call[4] == [] for r in relayed[:-1])
     assert root.last_slot == 0 and root.endings.waiting["p1"][1] == 1 + len(relayed)
+
+
+def test_the_calls_of_a_plan_share_its_hosts_and_are_checked_again_once_a_host_left():
+    """Every call of one plan names the same hosts: the scheduler keeps them once (its mesh),
+    so that nothing it does per call grows with the hosts. Its trees' records carry the one
+    list; its hosts are checked live once per change of the cluster's hosts, so a call made
+    after one of them left fails (``DeviceLostError``), as the first call on it would."""
+    from pathdask.core.island import SchedulerCore, Send
+    from pathdask.errors import DeviceLostError
+    from pathdask.protocol import Fan
+
+    hosts = [f"h{i}" for i in range(9)]
+    core = SchedulerCore(threshold=2, degree=4)
+    for h in hosts:
+        core.host_joined(h, None)
+    core.client_joined("c", 1.0)
+
+    def call(pid: str) -> dict:
+        return {"pid": pid, "hosts": list(hosts), "plan": "plan-m", "owned": [(0, [(f"{pid}-out", 0)])],
+                "outputs": [(f"{pid}-out", 0, hosts[0])], "inputs": [],
+                "program": {"pid": pid, "hosts": {h: [i] for i, h in enumerate(hosts)}, "cost": 1.0}}
+
+    fans = []
+    for pid in ("p1", "p2"):
+        c = call(pid)
+        mesh = core.check_call(c, set(hosts))
+        fans += [i.msg for i in core.take_call("c", c) if isinstance(i, Send) and isinstance(i.msg, Fan)]
+    assert len(core.meshes) == 1 and mesh.live_at == core.epoch
+    assert fans[0].hosts == hosts and fans[0].hosts is fans[1].hosts is mesh.order
+    assert fans[1].order[4] == 0  # the run of programs on the mesh's hosts: one prev for all
+    assert core.check_call(call("p3"), set()) is mesh  # live at this epoch: not looked at again
+    core.host_lost("h4", "gone")
+    with pytest.raises(DeviceLostError, match=r"\['h4'\] left the cluster before program p4"):
+        core.check_call(call("p4"), set(hosts) - {"h4"})
+    core.host_joined("h4", None)
+    assert core.check_call(call("p5"), set(hosts)) is mesh and mesh.live_at == core.epoch

@@ -25,6 +25,7 @@ from ..errors import DeviceLostError, DispatchError
 from ..ops import as_key
 from ..protocol import DropClient, DropPrograms, Fan, HostJoined, HostLost, Message, Order, ReleaseOutputs
 from .fanout import DEFAULT_DEGREE, DEFAULT_THRESHOLD
+from .meshes import Mesh, Meshes
 from .order import IslandScheduler, Submission
 
 __all__ = ["SchedulerCore", "Send", "SendAll", "Forward", "FailKeys", "Progress", "Instruction", "call_keys"]
@@ -100,6 +101,11 @@ class SchedulerCore:
         self.ordering = ordering
         self.degree, self.threshold = degree, threshold
         self.hosts: set[str] = set()
+        #: counts the changes of ``hosts``: a mesh whose hosts were all live at the current
+        #: epoch still has them all (``Mesh.live_at``)
+        self.epoch = 0
+        #: the hosts of the calls taken in, kept once per plan (``core/meshes.py``)
+        self.meshes = Meshes()
         #: client id -> weight under proportional share
         self.clients: dict[str, float] = {}
         #: output key -> what it owns
@@ -114,7 +120,7 @@ class SchedulerCore:
         self.host_runs: dict[str, _Run] = {}
         #: a run's hosts, in its programs' order -> the run, while each of them still last took
         #: part in it: the next program on exactly those hosts has one ``prev`` for all
-        self.runs: dict[tuple[str, ...], _Run] = {}
+        self.runs: dict[Any, _Run] = {}
         #: tree program ordered, its first host's report not yet in -> (program, slot, its
         #: ``prev``: one for every host, or one per host): if a host of it is lost, it is
         #: ordered again directly on the others
@@ -130,6 +136,7 @@ class SchedulerCore:
     def host_joined(self, host: str, transport: str | None) -> list[Instruction]:
         """A host registered: the others learn where its transport listens."""
         self.hosts.add(host)
+        self.epoch += 1
         self._leave_run(host)  # a fresh runtime starts its chain again
         return [SendAll(HostJoined(host, transport), but=host)]
 
@@ -139,6 +146,7 @@ class SchedulerCore:
         if host not in self.hosts:
             return []
         self.hosts.discard(host)
+        self.epoch += 1
         self._leave_run(host)
         out: list[Instruction] = [SendAll(HostLost(host))]
         affected = [s for s in self.order.inflight.values() if host in s.hosts]
@@ -183,13 +191,23 @@ class SchedulerCore:
                 *self.keys_released(orphans)]
 
     # -- intake -------------------------------------------------------------------------------
-    def check_call(self, call: dict[str, Any], workers: Container[str]) -> None:
-        """Raise ``DeviceLostError`` if a host of ``call`` has left (``workers``: Dask's live ones)."""
+    def check_call(self, call: dict[str, Any], workers: Container[str]) -> Mesh:
+        """Raise ``DeviceLostError`` if a host of ``call`` has left (``workers``: Dask's live ones);
+        returns its mesh. A mesh whose hosts were all live since the last change of hosts is
+        not looked at again."""
+        mesh = self._mesh(call)
+        if mesh.live_at == self.epoch:
+            return mesh
         hosts = call["hosts"]
         if not (self.hosts.issuperset(hosts) and all(map(workers.__contains__, hosts))):
             gone = sorted(a for a in hosts if a not in self.hosts or a not in workers)
             raise DeviceLostError(f"host(s) {gone} left the cluster before program {call['pid']} "
                                   "was called; call it again on a new mesh")
+        mesh.live_at = self.epoch
+        return mesh
+
+    def _mesh(self, call: dict[str, Any]) -> Mesh:
+        return self.meshes.of(call["plan"], call["hosts"], call["program"]["hosts"])
 
     def fans(self, hosts: Any) -> bool:
         """Whether a program on ``hosts`` reaches them through a fan-out tree."""
@@ -199,38 +217,41 @@ class SchedulerCore:
         """A checked call whose keys exist: forward its parts (to each host, or down its tree,
         untouched, with its order when it is slotted at once) and slot it."""
         pid, hosts, plan, owned = call["pid"], call["hosts"], call["plan"], call["owned"]
-        info = {**call["program"], "outputs": [(k, owner, j) for k, j, owner in call["outputs"]], "shared": True,
+        mesh = self._mesh(call)
+        info = {**call["program"], "hosts": mesh.devices, "shared": True,
+                "outputs": [(k, owner, j) for k, j, owner in call["outputs"]],
                 "deps": sorted({producer for producer, _ in call["inputs"]})}
         if not self.fans(hosts):
             outputs = dict(owned)
             return [*(Forward(addr, (pid, plan, call["inputs"], outputs.get(i, []))) for i, addr in enumerate(hosts)),
-                    *self.submit(client, info)]
+                    *self.submit(client, info, mesh=mesh)]
         self.fanned += 1
         carried = (client, pid, call["inputs"], plan, owned)
-        out = self.submit(client, info, carried)
+        out = self.submit(client, info, carried, mesh)
         if pid not in self.chains:  # not ordered now (its order's Fan would carry the call): it goes alone
             out.insert(0, Send(hosts[0], Fan(hosts, None, self.degree, call=carried)))
         return out
 
-    def submit(self, client: str, info: dict[str, Any], carried: tuple[Any, ...] | None = None
-               ) -> list[Instruction]:
+    def submit(self, client: str, info: dict[str, Any], carried: tuple[Any, ...] | None = None,
+               mesh: Mesh | None = None) -> list[Instruction]:
         """Slot a program from its ``pathdask`` annotation (``client/lowering.py``); with
         ``shared``, each output's key owns its shards on every host of the program (a call),
         else only on the host holding the key (a graph's per-host keys). ``carried``: a tree
-        call's record, which goes in its order's ``Fan`` if it is slotted now."""
+        call's record, which goes in its order's ``Fan`` if it is slotted now; ``mesh``: a
+        call's hosts as its plan's calls share them (``info["hosts"]`` is its ``devices``)."""
         pid, hosts = info["pid"], info["hosts"]
         shared = info.get("shared", False)
         for key, addr, j in info["outputs"]:
             self.output_owners[as_key(key)] = Output(pid, j, addr, hosts if shared else (addr,), client)
         deps = frozenset(info.get("deps", ()))
         sub = Submission(pid, client, hosts, info.get("cost", 0.0), deps,
-                         (next(iter(hosts)),) if self.ordering and self.fans(hosts) else None)
+                         (next(iter(hosts)),) if self.ordering and self.fans(hosts) else None, mesh)
         for producer in deps:
             self.readers.setdefault(producer, []).append(sub)
         if not hosts:  # nothing to run anywhere: it ends at once
             self._ended(sub)
             return [Progress()]
-        if not self.hosts.issuperset(hosts):  # planned for a host that has left since: it fails
+        if not self._live(sub):  # planned for a host that has left since: it fails
             gone = [a for a in hosts if a not in self.hosts]  # at once, on every live host
             self._ended(sub)
             reason = f"host(s) {sorted(gone)} left the cluster before this program was slotted"
@@ -316,16 +337,24 @@ class SchedulerCore:
         outputs = [(out.pid, out.output)]
         instructions: list[Instruction] = []
         covered: set[str] = set()
+        whole = False  # a reader on the output's own hosts covers them all
         for reader in self.readers.get(out.pid, ()):
-            hosts = list(reader.hosts)
-            instructions += self._release_to(hosts, outputs, direct=not self.hosts.issuperset(hosts))
-            covered.update(hosts)
-        if covered.issuperset(out.hosts):  # read by the next call on its mesh, say
+            hosts = _order_of(reader)
+            instructions += self._release_to(hosts, outputs, direct=not self._live(reader))
+            if reader.hosts is out.hosts:
+                whole = True
+            else:
+                covered.update(hosts)
+        if whole or covered.issuperset(out.hosts):  # read by the next call on its mesh, say
             return instructions
         rest = [a for a in out.hosts if a not in covered]
         if rest:
             instructions += self._release_to(rest, outputs, direct=not self.hosts.issuperset(rest))
         return instructions
+
+    def _live(self, sub: Submission) -> bool:
+        """Whether every host of ``sub`` is live (a call's mesh checked at this epoch is)."""
+        return (sub.mesh is not None and sub.mesh.live_at == self.epoch) or self.hosts.issuperset(sub.hosts)
 
     def _release_to(self, hosts: list[str], outputs: list[tuple[str, int]], direct: bool = False
                     ) -> list[Instruction]:
@@ -344,7 +373,7 @@ class SchedulerCore:
         program before it there ran on exactly its hosts, as call after call on one mesh
         does: found in one lookup, whatever the hosts), else one per host, in their order.
         ``slot`` becomes their last."""
-        key = tuple(sub.hosts)
+        key = sub.mesh.key if sub.mesh is not None else tuple(sub.hosts)
         run = self.runs.get(key)
         if run is not None:
             prev, run.last = run.last, slot
@@ -379,7 +408,7 @@ class SchedulerCore:
                 self.chains[sub.pid] = (sub, slot, prevs)
                 call = carried if carried is not None and carried[1] == sub.pid else None
                 each = None if call is not None else list(sub.hosts.values())
-                out.append(Send(sub.ends[0], Fan(list(sub.hosts), None, self.degree, call=call,
+                out.append(Send(sub.ends[0], Fan(_order_of(sub), None, self.degree, call=call,
                                                  order=(sub.pid, sub.client, slot, each, prevs))))
                 continue
             for (addr, devices), prev in zip(sub.hosts.items(), _each(prevs)):
@@ -396,13 +425,18 @@ class SchedulerCore:
         return out
 
 
+def _order_of(sub: Submission) -> list[str]:
+    """``sub``'s hosts in order: for a call, its mesh's one list (never changed)."""
+    return sub.mesh.order if sub.mesh is not None else list(sub.hosts)
+
+
 class _Run:
-    """Programs ordered one after another on the same hosts: ``key``, those hosts in order;
-    ``last``, the slot of the last of them."""
+    """Programs ordered one after another on the same hosts: ``key``, those hosts in order
+    (a tuple, or a mesh's ``HostsKey``, equal to it); ``last``, the slot of the last of them."""
 
     __slots__ = ("key", "last")
 
-    def __init__(self, key: tuple[str, ...], last: int) -> None:
+    def __init__(self, key: Any, last: int) -> None:
         self.key, self.last = key, last
 
 

@@ -29,6 +29,8 @@ class Submission:
     deps: frozenset[str] = field(default_factory=frozenset)  # programs producing its inputs
     #: the hosts whose ending reports end it (``None``: every host; a fan-out tree's first host)
     ends: tuple[str, ...] | None = None
+    #: a call's hosts as every call of its plan shares them (``core.meshes.Mesh``; ``None``: a graph's)
+    mesh: Any = None
 
     @property
     def devices(self) -> list[int]:
