@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -49,6 +50,10 @@ def test_bench_dispatch_hosts_small(tmp_path):
         parts = result["scheduler_cpu_per_call_by_part_s"]
         assert result["scheduler_cpu_per_call_s"] == pytest.approx(sum(parts.values()))
         assert parts["keys"] > 0 and parts["slot"] > 0 and parts["ended"] > 0 and parts["forgotten"] > 0
+        apart = result["scheduler_cpu_per_call_apart_by_part_s"]  # the scheduler on a thread (and CPU) of its own
+        assert result["scheduler_cpu_per_call_apart_s"] == pytest.approx(sum(apart.values()))
+        assert set(apart) == set(parts) and apart["slot"] > 0 and apart["ended"] > 0
+        assert result["scheduler_cpu_apart_on"] in (None, *os.sched_getaffinity(0))
         switching = result["scheduler_cpu_per_call_switching_by_part_s"]  # the same window, the GIL shared
         assert result["scheduler_cpu_per_call_switching_s"] == pytest.approx(sum(switching.values()))
         assert set(switching) == set(parts) and switching["slot"] > 0

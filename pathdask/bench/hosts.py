@@ -16,6 +16,15 @@ that window are divided by the calls. Above ``pathdask.fanout.threshold`` hosts
 a call goes down a fan-out tree, whose records name each host once and carry
 nothing per host that is the same on all, so this stays flat as the hosts grow.
 
+The scheduler, though, shares more than a deployed one does: its event loop runs the
+hosts' handlers between its own, on its thread and CPU, and what they leave in the
+CPU's caches its next handler pays for, the more the more hosts a call wakes. So the
+window is measured first on a system of its own (:class:`~.apart.ApartSystem`):
+the hosts on an event loop of their own, in this process, and the scheduler's thread
+(with the client's) pinned to one CPU, every other thread to the others
+(:func:`~.apart.cpu_of_its_own`): the plugin's own work, the figure held flat.
+
+Then on the system the sweep runs on, where the hosts share the scheduler's loop.
 Every host's device threads share this process, and so the scheduler's GIL. At
 pathdask's switch interval (``pathdask.switch-interval``, 50 us) each device a
 call wakes takes the GIL from the scheduler's event loop in the middle of its
@@ -23,7 +32,7 @@ work, and the cost of those hand-overs (caches filled again) lands in the
 plugin's CPU, growing with the devices a call uses: a scheduler deployed in a
 process of its own pays none of it. So the window is measured twice, at the
 interpreter's own interval (5 ms: the plugin's work, the figure held flat) and
-at pathdask's (what this one process pays), and both are reported.
+at pathdask's (what this one process pays), and all three are reported.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from __future__ import annotations
 import gc
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -44,6 +54,7 @@ from ..client.client import Client
 from ..scheduler.meter import PARTS
 from ..system import LocalSystem
 from ..topology import Topology
+from .apart import ApartSystem, cpu_of_its_own
 from .dispatch import Config as DispatchConfig
 from .dispatch import Kernels, _rates
 from .report import save_plots, table, write_json
@@ -84,6 +95,9 @@ def sweep(hosts: int, cfg: Config, echo: Callable[[str], Any]) -> dict[str, Any]
     rates: dict[str, dict[str, float | None]] = {}
     reach: dict[str, float | None] = dict.fromkeys(SHAPES)
     start = time.perf_counter()
+    apart, cpu_id = scheduler_apart(hosts, cfg)
+    where = f"on CPU {cpu_id} of its own" if cpu_id is not None else "on a thread of its own (no CPU to pin it to)"
+    echo(f"  {hosts} hosts: the scheduler plugin's CPU per call {sum(apart.values()) * 1e6:.0f} us {where}")
     with dask.config.set({"pathdask.scheduler.meter": True}), \
             LocalSystem(topology_for(hosts), processes=False, dashboard_address=None) as system:
         client = system.client(name=f"bench-hosts-{hosts}")
@@ -94,7 +108,7 @@ def sweep(hosts: int, cfg: Config, echo: Callable[[str], Any]) -> dict[str, Any]
         cpu = _least(plugin_cpu_per_call(client, x, cfg.calls, switch_interval=PYTHON_SWITCH_INTERVAL)
                      for _ in range(cfg.windows))
         shared = _least(plugin_cpu_per_call(client, x, cfg.calls) for _ in range(cfg.windows))
-        echo(f"  {hosts} hosts: the scheduler plugin's CPU per call {sum(cpu.values()) * 1e6:.0f} us "
+        echo(f"  {hosts} hosts: on the hosts' event loop {sum(cpu.values()) * 1e6:.0f} us "
              f"({sum(shared.values()) * 1e6:.0f} us at pathdask's switch interval)")
         for cost in cfg.costs:
             k = max(8, min(cfg.computations, int(1.0 / cost)))
@@ -112,9 +126,29 @@ def sweep(hosts: int, cfg: Config, echo: Callable[[str], Any]) -> dict[str, Any]
         client.close()
     echo(f"  {hosts} hosts: done in {time.perf_counter() - start:.0f}s")
     return {"rates": rates, "reaches_95pct_of_multicontroller_at_s": reach,
+            "scheduler_cpu_per_call_apart_s": sum(apart.values()), "scheduler_cpu_per_call_apart_by_part_s": apart,
+            "scheduler_cpu_apart_on": cpu_id,
             "scheduler_cpu_per_call_s": sum(cpu.values()), "scheduler_cpu_per_call_by_part_s": cpu,
             "scheduler_cpu_per_call_switching_s": sum(shared.values()),
             "scheduler_cpu_per_call_switching_by_part_s": shared}
+
+
+def scheduler_apart(hosts: int, cfg: Config) -> tuple[dict[str, float], int | None]:
+    """The plugin's CPU per call by part (:func:`plugin_cpu_per_call`) on an
+    :class:`~.apart.ApartSystem` of ``hosts`` hosts, its thread and this one on a CPU of their
+    own; and that CPU (``None``: not pinned)."""
+    with dask.config.set({"pathdask.scheduler.meter": True}), ApartSystem(topology_for(hosts)) as system:
+        client = system.client(name=f"bench-apart-{hosts}")
+        mesh = client.mesh({"x": hosts}, island=0)
+        x = client.put(np.zeros(mesh.size), mesh, P("x"))
+        x.result()
+        scheduler = client.dask.run_on_scheduler(threading.get_native_id)
+        with cpu_of_its_own({scheduler, threading.get_native_id()}) as cpu:
+            parts = _least(plugin_cpu_per_call(client, x, cfg.calls, switch_interval=PYTHON_SWITCH_INTERVAL)
+                           for _ in range(cfg.windows))
+        del x
+        client.close()
+    return parts, cpu
 
 
 def plugin_cpu_per_call(client: Client, x: Any, calls: int, switch_interval: float | None = None
@@ -179,14 +213,17 @@ def run(cfg: Config, out: str = "bench-results", echo: Callable[[str], Any] = pr
          "host, every host in this process; the smallest computation (s) at which pathdask reaches "
          f"{REACH:.0%} of the multi-controller")
     by_hosts = {h: sweep(h, cfg, echo) for h in cfg.hosts}
-    rows = [[h, r["scheduler_cpu_per_call_s"] * 1e6, r["scheduler_cpu_per_call_switching_s"] * 1e6,
+    rows = [[h, r["scheduler_cpu_per_call_apart_s"] * 1e6,
+             r["scheduler_cpu_per_call_s"] * 1e6, r["scheduler_cpu_per_call_switching_s"] * 1e6,
              *(r["reaches_95pct_of_multicontroller_at_s"][s] for s in SHAPES),
              *(_rate_at(r, s) for s in SHAPES)] for h, r in by_hosts.items()]
-    echo(table(["hosts", "plugin CPU/call (us)", "at pathdask's switch interval (us)", *(f"{s} 95% at (s)" for s in SHAPES),
+    echo(table(["hosts", "plugin CPU/call, own thread and CPU (us)", "on the hosts' loop (us)",
+                "at pathdask's switch interval (us)", *(f"{s} 95% at (s)" for s in SHAPES),
                 *(f"{s}/MC at {cfg.costs[0]:g}s" for s in SHAPES)], rows))
-    echo("\nwhere the scheduler plugin's CPU per call goes (us)")
-    echo(table(["hosts", *PARTS], [[h, *(r["scheduler_cpu_per_call_by_part_s"][p] * 1e6 for p in PARTS)]
-                                    for h, r in by_hosts.items()]))
+    for title, field in (("its own thread and CPU", "scheduler_cpu_per_call_apart_by_part_s"),
+                         ("on the hosts' loop", "scheduler_cpu_per_call_by_part_s")):
+        echo(f"\nwhere the scheduler plugin's CPU per call goes, {title} (us)")
+        echo(table(["hosts", *PARTS], [[h, *(r[field][p] * 1e6 for p in PARTS)] for h, r in by_hosts.items()]))
     result = {"config": cfg.__dict__, "hosts": {str(h): r for h, r in by_hosts.items()}}
     html = save_plots(f"{out}/dispatch-hosts.html", "pathdask bench dispatch --hosts", [
         {"title": "Smallest computation within 95% of the multi-controller", "x_label": "hosts",
