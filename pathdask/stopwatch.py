@@ -10,8 +10,9 @@ station          where         what has happened
 ``asked``        client        ``result()`` wrote its fetch requests to the hosts
 ``taken``        scheduler     the plugin's handler took the call (keys made, slotted)
 ``forwarded``    scheduler     its ``Order`` and ``Dispatch`` are on the streams to the hosts
-``ordered``      host          the host handled the ``Order``
-``dispatched``   host          the host handled the ``Dispatch`` (handles put, registered)
+``ordered``      host          the host's handler took the ``Order``
+``dispatched``   host          the host's handler took the ``Dispatch`` (it registers the call,
+                               wakes the devices and lets them run, then puts the handles)
 ``run``          host          a device began the gang
 ``ran``          host          the device ended the gang's work: its outputs are about to be stored
 ``served``       host          the fetch's answer is about to be written (by the device, as it

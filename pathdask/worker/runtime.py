@@ -280,17 +280,13 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
 
     # -- messages in: the core decides --------------------------------------------
     def on_record(self, msg: Message) -> None:
-        """A record from the scheduler (its stream): the core's instructions are carried out."""
-        self.apply(self.core.handle(msg))
+        """A record from the scheduler (its stream): the core's instructions are carried out.
+
+        Its stations are marked as it comes: the devices it wakes may run, and answer a
+        fetch, before the rest of its handling (``tuning.hand_over``)."""
         if recording() and isinstance(msg, (Order, Dispatch, Fan)):
-            if isinstance(msg, Fan):
-                for station, part in (("dispatched", msg.call), ("ordered", msg.order)):
-                    if part is not None:
-                        mark(station, part[1] if part is msg.call else part[0])
-                return
-            station = "ordered" if isinstance(msg, Order) else "dispatched"
-            for entry in msg.programs if isinstance(msg, Order) else msg.calls:
-                mark(station, entry[0])
+            _mark_taken(msg)
+        self.apply(self.core.handle(msg))
 
     def on_peer_record(self, fields: dict[str, Any]) -> None:
         """A control record from another host (a fan-out tree's), on the event loop."""
@@ -512,6 +508,18 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
         stream = self.streams[device]
         stream.busy_s += seconds
         stream.gangs_run += 1
+
+
+def _mark_taken(msg: Order | Dispatch | Fan) -> None:
+    """The stopwatch's ``ordered`` and ``dispatched`` stations of the programs ``msg`` orders and calls."""
+    if isinstance(msg, Fan):
+        for station, part in (("ordered", msg.order), ("dispatched", msg.call)):
+            if part is not None:
+                mark(station, part[1] if part is msg.call else part[0])
+        return
+    station = "ordered" if isinstance(msg, Order) else "dispatched"
+    for entry in msg.programs if isinstance(msg, Order) else msg.calls:
+        mark(station, entry[0])
 
 
 def runtime() -> HostRuntime:
