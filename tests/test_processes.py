@@ -80,6 +80,16 @@ def test_monitors_run_at_the_systems_intervals(psystem):
     assert all(f == {**expect, "memory_monitor": wanted["memory-monitor"]} for f in found.values())
 
 
+def test_hosts_in_processes_of_their_own_keep_pythons_switch_interval(psystem):
+    """Worker processes take ``pathdask.worker.switch-interval`` (Python's own by default),
+    not the scheduler's process's ``pathdask.switch-interval``."""
+    import sys
+
+    with psystem.client(name="switch") as client:
+        found = client.dask.run(sys.getswitchinterval)
+    assert len(found) == SMALL.num_hosts and all(v == pytest.approx(0.005) for v in found.values()), found
+
+
 def test_bad_monitor_intervals_are_named_before_anything_starts():
     with dask.config.set({"pathdask.local-dask-intervals.tick": "soon"}), \
             pytest.raises(ValueError, match=r"local-dask-intervals\.tick must be a duration"):

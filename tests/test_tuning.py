@@ -53,6 +53,18 @@ def test_the_switch_interval_is_set_while_held_and_put_back_alone():
     assert sys.getswitchinterval() == switch
 
 
+def test_a_host_process_takes_the_workers_switch_interval():
+    switch = sys.getswitchinterval()
+    with dask.config.set({"pathdask.gc-threshold": None, "pathdask.worker.switch-interval": "300us"}):
+        held = tuning.tune("pathdask.worker.switch-interval")
+        assert sys.getswitchinterval() == pytest.approx(300e-6, abs=2e-6)
+        held.release()
+    assert sys.getswitchinterval() == switch
+    with dask.config.set({"pathdask.worker.switch-interval": "0ms"}), \
+            pytest.raises(ValueError, match="pathdask.worker.switch-interval must be a positive duration"):
+        tuning.tune("pathdask.worker.switch-interval")
+
+
 def test_an_embedded_system_tunes_while_it_runs_and_puts_back_after():
     before, switch = gc.get_threshold(), sys.getswitchinterval()
     wanted = tuple(dask.config.get("pathdask.gc-threshold"))

@@ -246,7 +246,7 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
             t.start()
         self.watch = StallWatch(self, parse_timedelta(dask.config.get("pathdask.stall-warning")))
         self.watch.start()
-        self.tuning = tuning.tune()  # released in teardown
+        self.tuning = tuning.tune("pathdask.worker.switch-interval")  # released in teardown
         logger.info("pathdask host i%d h%d up with devices %s", self.island, self.host, list(self.devices))
 
     async def teardown(self, worker: Worker, **kwargs: Any) -> None:
