@@ -195,7 +195,8 @@ def test_the_calls_of_a_plan_share_its_hosts_and_are_checked_again_once_a_host_l
     """Every call of one plan names the same hosts: the scheduler keeps them once (its mesh),
     so that nothing it does per call grows with the hosts. Its trees' records carry the one
     list; its hosts are checked live once per change of the cluster's hosts, so a call made
-    after one of them left fails (``DeviceLostError``), as the first call on it would."""
+    after one of them left (or while Dask removes it) fails (``DeviceLostError``), as the
+    first call on it would."""
     from pathdask.core.island import SchedulerCore, Send
     from pathdask.errors import DeviceLostError
     from pathdask.protocol import Fan
@@ -225,3 +226,6 @@ def test_the_calls_of_a_plan_share_its_hosts_and_are_checked_again_once_a_host_l
         core.check_call(call("p4"), set(hosts) - {"h4"})
     core.host_joined("h4", None)
     assert core.check_call(call("p5"), set(hosts)) is mesh and mesh.live_at == core.epoch
+    core.host_leaving()  # Dask removes a retiring host before it leaves the order
+    with pytest.raises(DeviceLostError, match=r"\['h8'\] left the cluster before program p6"):
+        core.check_call(call("p6"), set(hosts) - {"h8"})

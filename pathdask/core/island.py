@@ -140,6 +140,16 @@ class SchedulerCore:
         self._leave_run(host)  # a fresh runtime starts its chain again
         return [SendAll(HostJoined(host, transport), but=host)]
 
+    def host_leaving(self) -> None:
+        """Dask is removing a host (a retiring one stays in the order until its clients
+        suspended): every call checks its hosts against Dask's again."""
+        self.epoch += 1
+
+    def host_failed(self, host: str) -> None:
+        """``host``'s runtime failed to start: it is no host of any program."""
+        self.hosts.discard(host)
+        self.epoch += 1
+
     def host_lost(self, host: str, describe: str, *, failing: bool = True) -> list[Instruction]:
         """Host ``host`` left: its peers stop sending to it, and the programs that use it
         (``failing``: the system runs on) are dropped on their other hosts."""

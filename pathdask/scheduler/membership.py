@@ -120,7 +120,7 @@ class HostMembership:
         """A worker's host runtime could not start; waiters learn it at once, with its error."""
         logger.error("pathdask: the host runtime on %s failed to start: %s", address, error.get("exception_text"))
         self.resources.remove_host(address)
-        self.core.hosts.discard(address)
+        self.core.host_failed(address)
         self.transports.pop(address, None)
         self.host_failures[address] = error
         await self._hosts_changed()
@@ -165,6 +165,7 @@ class HostMembership:
 
         A host that is retiring leaves once its clients have suspended: Dask awaits this.
         """
+        self.core.host_leaving()  # out of Dask's workers from now on: calls look again
         leaving = self.leaving.get(worker)
         if leaving is not None:
             return self._remove_after(leaving, worker)
