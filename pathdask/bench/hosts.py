@@ -17,8 +17,8 @@ a call goes down a fan-out tree, whose records name each host once and carry
 nothing per host that is the same on all, so this stays flat as the hosts grow.
 
 The scheduler, though, shares more than a deployed one does: its event loop runs the
-hosts' handlers between its own, on its thread and CPU, and what they leave in the
-CPU's caches its next handler pays for, the more the more hosts a call wakes. So the
+hosts' handlers between its own, on its thread and CPU, and its next handler pays for
+what they leave in the CPU's caches: the more hosts a call wakes, the more. So the
 window is measured first on a system of its own (:class:`~.apart.ApartSystem`):
 the hosts on an event loop of their own, in this process, and the scheduler's thread
 (with the client's) pinned to one CPU, every other thread to the others
