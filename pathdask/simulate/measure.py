@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 import numpy as np
 from distributed.protocol import dumps, loads
 
+from ..affinity import can_pin, pin
 from ..protocol import STREAM_OP, Dispatch, fields_of
 
 __all__ = ["HandlerClock", "SpeedMeter", "handled", "one_cpu", "settled", "timed", "wrap_dispatch"]
@@ -236,18 +237,6 @@ class HandlerClock:
         return statistics.mean(self.samples[mark:]) if len(self.samples) > mark else float("nan")
 
 
-def _threads() -> list[int]:
-    return [int(t) for t in os.listdir("/proc/self/task")]
-
-
-def _set(tids: list[int], cpus: set[int]) -> None:
-    for tid in tids:
-        try:
-            os.sched_setaffinity(tid, cpus)
-        except (ProcessLookupError, PermissionError):  # the thread ended meanwhile
-            pass
-
-
 def fastest(cpus: set[int], tries: int = 5) -> int:
     """The CPU among ``cpus`` on which the speed meter's work runs fastest (best of ``tries``)."""
     mine = os.sched_getaffinity(0)
@@ -270,7 +259,7 @@ def one_cpu(cpu: int | None = None, echo: Echo = print) -> Iterator[int | None]:
     pin threads (then nothing changes). On exit every thread may use the CPUs the
     process had.
     """
-    if cpu == -1 or not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task"):
+    if cpu == -1 or not can_pin():
         if cpu != -1:
             echo("  this platform cannot pin threads to a CPU: measuring on all of them")
         yield None
@@ -282,8 +271,8 @@ def one_cpu(cpu: int | None = None, echo: Echo = print) -> Iterator[int | None]:
         raise ValueError(f"CPU {cpu} is not one this process may use ({sorted(allowed)}); "
                          f"pass one of them, or -1 to measure on all")
     echo(f"  measuring on CPU {cpu} of {sorted(allowed)} (one processor, as the embedded model)")
-    _set(_threads(), {cpu})
+    pin(lambda tid: {cpu})
     try:
         yield cpu
     finally:
-        _set(_threads(), allowed)
+        pin(lambda tid: allowed)
