@@ -166,7 +166,7 @@ class LocalSystem(System):
         local = {"distributed.worker.profile.enabled": bool(dask.config.get("pathdask.local-dask-profiler")),
                  **local_dask_intervals()}
         with _workers_ignore_interrupts(self._cluster_kwargs["processes"]), dask.config.set(local):
-            self.cluster = LocalCluster(**self._cluster_kwargs)
+            self.cluster = self._make_cluster()
         try:
             admin = self._connect_admin(self.cluster)
             admin.register_plugin(self._plugin, name="pathdask")
@@ -175,6 +175,10 @@ class LocalSystem(System):
             self.close()
             raise
         return self
+
+    def _make_cluster(self) -> LocalCluster:
+        """The Dask cluster: its scheduler and a worker per host (under the local intervals)."""
+        return LocalCluster(**self._cluster_kwargs)
 
     @property
     def scheduler_address(self) -> str:

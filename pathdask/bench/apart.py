@@ -22,13 +22,12 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
-from typing import Any, Self
+from typing import Any
 
-import dask
 from distributed import LocalCluster, Worker
 
-from ..protocol import WaitHosts
-from ..system import LocalSystem, local_dask_intervals
+from ..affinity import can_pin, pin
+from ..system import LocalSystem
 
 __all__ = ["ApartSystem", "cpu_of_its_own"]
 
@@ -46,34 +45,26 @@ class ApartSystem(LocalSystem):
         self._hosts_thread: threading.Thread | None = None
         self._workers: list[Worker] = []
 
-    def start(self) -> Self:
-        if self.cluster is not None:
-            return self
-        scheduler_only = {**self._cluster_kwargs, "n_workers": 0}
-        worker_kwargs = {"nthreads": self._cluster_kwargs["threads_per_worker"], "memory_limit": 0,
-                         "data": dict, "host": "127.0.0.1", "dashboard": False}
-        local = {"distributed.worker.profile.enabled": False, **local_dask_intervals()}
-        with dask.config.set(local):
-            self.cluster = LocalCluster(**scheduler_only)
-            try:
-                admin = self._connect_admin(self.cluster)
-                admin.register_plugin(self._plugin, name="pathdask")
-                loop = self._hosts_loop = asyncio.new_event_loop()
-                self._hosts_thread = threading.Thread(target=loop.run_forever, name="pathdask-hosts-loop",
-                                                      daemon=True)
-                self._hosts_thread.start()
-                address = self.cluster.scheduler_address
+    def _make_cluster(self) -> LocalCluster:
+        """The scheduler alone, then the hosts, on their own event loop, connected to it."""
+        kwargs = self._cluster_kwargs
+        self.cluster = LocalCluster(**{**kwargs, "n_workers": 0})
+        try:
+            loop = self._hosts_loop = asyncio.new_event_loop()
+            self._hosts_thread = threading.Thread(target=loop.run_forever, name="pathdask-hosts-loop", daemon=True)
+            self._hosts_thread.start()
+            address = self.cluster.scheduler_address
 
-                async def start_hosts() -> list[Worker]:
-                    return [await Worker(address, name=i, **worker_kwargs)
-                            for i in range(self.topology.num_hosts)]
+            async def start_hosts() -> list[Worker]:
+                return [await Worker(address, name=i, nthreads=kwargs["threads_per_worker"], host=kwargs["host"],
+                                     memory_limit=kwargs["memory_limit"], data=kwargs["data"], dashboard=False)
+                        for i in range(self.topology.num_hosts)]
 
-                self._workers = asyncio.run_coroutine_threadsafe(start_hosts(), loop).result(START_TIMEOUT)
-                self._admin_call(WaitHosts())
-            except BaseException:
-                self.close()
-                raise
-        return self
+            self._workers = asyncio.run_coroutine_threadsafe(start_hosts(), loop).result(START_TIMEOUT)
+        except BaseException:
+            self.close()
+            raise
+        return self.cluster
 
     def _stop(self) -> None:
         loop = self._hosts_loop
@@ -98,20 +89,13 @@ def cpu_of_its_own(threads: set[int]) -> Iterator[int | None]:
     thread of this process, and those they start meanwhile, on the other CPUs it may use.
     Yields that CPU, or ``None`` where there is no second CPU or threads cannot be pinned
     (then nothing changes). On exit every thread may use them all again."""
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
-    if len(allowed) < 2 or not os.path.isdir("/proc/self/task"):
+    allowed = os.sched_getaffinity(0) if can_pin() else set()
+    if len(allowed) < 2:
         yield None
         return
     own = min(allowed)
-    _pin(lambda tid: {own} if tid in threads else allowed - {own})
+    pin(lambda tid: {own} if tid in threads else allowed - {own})
     try:
         yield own
     finally:
-        _pin(lambda tid: allowed)
-
-
-def _pin(cpus_of: Any) -> None:
-    for name in os.listdir("/proc/self/task"):
-        tid = int(name)
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # it ended meanwhile
-            os.sched_setaffinity(tid, cpus_of(tid))
+        pin(lambda tid: allowed)
