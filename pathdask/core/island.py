@@ -223,11 +223,12 @@ class SchedulerCore:
         """Whether a program on ``hosts`` reaches them through a fan-out tree."""
         return len(hosts) > self.threshold
 
-    def take_call(self, client: str, call: dict[str, Any]) -> list[Instruction]:
+    def take_call(self, client: str, call: dict[str, Any], mesh: Mesh | None = None) -> list[Instruction]:
         """A checked call whose keys exist: forward its parts (to each host, or down its tree,
-        untouched, with its order when it is slotted at once) and slot it."""
+        untouched, with its order when it is slotted at once) and slot it. ``mesh``: what
+        :meth:`check_call` returned for it (found again if not given)."""
         pid, hosts, plan, owned = call["pid"], call["hosts"], call["plan"], call["owned"]
-        mesh = self._mesh(call)
+        mesh = mesh if mesh is not None else self._mesh(call)
         info = {**call["program"], "hosts": mesh.devices, "shared": True,
                 "outputs": [(k, owner, j) for k, j, owner in call["outputs"]],
                 "deps": sorted({producer for producer, _ in call["inputs"]})}

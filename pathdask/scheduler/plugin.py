@@ -299,7 +299,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         meter = self.meter
         meter.calls += 1
         start = meter.now()
-        self.core.check_call(call, self.scheduler.workers)
+        mesh = self.core.check_call(call, self.scheduler.workers)
         keys: dict[str, list[Any]] = {}
         for k, _j, owner in call["outputs"]:
             keys.setdefault(owner, []).append(as_key(k))
@@ -309,7 +309,7 @@ class PathwaysScheduler(HostMembership, SchedulerAnswers, SchedulerPlugin):
         start = meter.lap("check", start)
         create_keys(self.scheduler, client, keys, HANDLE_NBYTES)
         start = meter.lap("keys", start)
-        instructions = self.core.take_call(client, call)
+        instructions = self.core.take_call(client, call, mesh)
         start = meter.lap("slot", start)
         self.apply(instructions, batch)
         meter.lap("order", start)
