@@ -5,11 +5,14 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 
+import dask
 import pytest
 
 import pathdask as pw
 
 SMALL = pw.Topology(islands=2, hosts_per_island=2, devices_per_host=2)
+#: each call its own program (no opportunistic batching): for tests of the per-call path
+UNBATCHED = {"pathdask.batch.enabled": False}
 
 
 def assert_clean(system: pw.LocalSystem) -> None:
@@ -28,6 +31,13 @@ def system() -> Iterator[pw.LocalSystem]:
     """One in-process system per test module (fast); see test_processes.py for processes."""
     with pw.LocalSystem(SMALL, processes=False, dashboard_address=None) as s:
         yield s
+
+
+@pytest.fixture
+def unbatched() -> Iterator[None]:
+    """Each call of the test its own program (``pathdask.batch.enabled: false``)."""
+    with dask.config.set(UNBATCHED):
+        yield
 
 
 @pytest.fixture

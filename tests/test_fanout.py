@@ -15,7 +15,7 @@ import pathdask as pw
 from pathdask import P
 from pathdask.topology import Topology
 
-from .conftest import assert_clean
+from .conftest import UNBATCHED, assert_clean
 
 #: one island of six hosts, one device each: a tree of degree 2 has depth 2
 SIX = Topology(islands=1, hosts_per_island=6, devices_per_host=1)
@@ -28,7 +28,8 @@ def _step() -> pw.Function:
 
 @pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
 def test_a_program_on_many_hosts_goes_down_a_tree_and_ends_once(processes):
-    with dask.config.set(TREE), pw.LocalSystem(SIX, processes=processes, dashboard_address=None) as system:
+    # each call its own program: twelve go down the tree
+    with dask.config.set({**TREE, **UNBATCHED}), pw.LocalSystem(SIX, processes=processes, dashboard_address=None) as system:
         with system.client(name="tree") as client:
             mesh = client.mesh({"x": 6})
             step = _step()

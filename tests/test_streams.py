@@ -114,7 +114,7 @@ def test_a_waiting_client_keeps_getting_results_with_releases_riding_along(syste
     assert all(s["buffers"] == 0 for s in stats["devices"].values())
 
 
-def test_a_burst_of_calls_reaches_the_hosts_from_its_first_call_on(system, client):
+def test_a_burst_of_calls_reaches_the_hosts_from_its_first_call_on(system, client, unbatched):
     """The scheduler sends a burst's first call to its hosts at once, and the rest in slices of
     its work (``CALL_SLICE``), instead of all of them once the last is taken in; every call runs
     once, in order."""
@@ -246,7 +246,7 @@ def test_a_client_of_its_own_loop_sends_calls_on_the_stream(system):
         del y
 
 
-def test_calls_stay_in_order_while_they_switch_between_the_two_ways(system, client):
+def test_calls_stay_in_order_while_they_switch_between_the_two_ways(system, client, unbatched):
     """Lone calls and bursts, mixed: a call handed over never overtakes one on the stream (each
     reads the last one's result, so one out of order would read a buffer not computed yet)."""
     with _call_paths(system) as seen:

@@ -27,6 +27,8 @@ from .tracing import check_move
 if TYPE_CHECKING:
     from distributed import Future
 
+    from .batching import Batch
+
 
 __all__ = ["ShardedArray"]
 
@@ -46,17 +48,51 @@ class ShardedArray(Sharded):
 
     def __init__(self, client: ArrayOwner, pid: str, vid: int, shape: tuple[int, ...], dtype: Any,
                  mesh: Mesh, spec: PartitionSpec, futures: dict[str, Future],
-                 xarray_meta: dict[str, Any] | None = None) -> None:
+                 xarray_meta: dict[str, Any] | None = None, *, batch: Batch | None = None,
+                 slot: tuple[int, int] | None = None) -> None:
         self.client = client
-        self._pid, self._vid = pid, vid
+        self._program_id, self._value_id = pid, vid
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.mesh = mesh
         self.spec = spec
-        self._futures = futures  # host address -> output key future (owns the buffers there)
+        self._keys = futures  # host address -> output key future (owns the buffers there)
         self._xarray = xarray_meta
         self._deleted = False
         self._readers = 0  # programs reading this array that some host has not registered yet
+        #: while its call waits in a batch (``batching.py``): the batch, and its call and output there
+        self._batch = batch
+        self._slot = slot
+
+    # -- a call that waits in a batch ------------------------------------------
+    @property
+    def _pid(self) -> str:
+        if self._batch is not None:
+            self._settle()
+        return self._program_id
+
+    @property
+    def _vid(self) -> int:
+        if self._batch is not None:
+            self._settle()
+        return self._value_id
+
+    @property
+    def _futures(self) -> dict[str, Future]:
+        if self._batch is not None:
+            self._settle()
+        return self._keys
+
+    def _settle(self) -> None:
+        """Send the batch this array's call waits in (or wait until it went); raises what stopped it.
+        (A batch that splits hands the array on to the part that makes it.)"""
+        while (batch := self._batch) is not None:
+            batch.settle()
+
+    def _settled(self, pid: str, vid: int, futures: dict[str, Future]) -> None:
+        """Its batch went: this array is output ``vid`` of program ``pid``, owned by ``futures``."""
+        self._program_id, self._value_id, self._keys = pid, vid, futures
+        self._batch = self._slot = None
 
     # -- metadata ------------------------------------------------------------
     @property
@@ -227,6 +263,8 @@ class ShardedArray(Sharded):
         Programs already called on it still read it: the buffers go once every
         host has registered them.
         """
+        if self._batch is not None and self._batch.drop(self):
+            return  # its call has not gone yet: it will be no output
         with self.client._lock:
             if self._deleted:
                 return
@@ -238,7 +276,7 @@ class ShardedArray(Sharded):
     def _release(self) -> None:
         for f in self._futures.values():
             f.release()
-        self._futures = {}
+        self._keys = {}
 
     def _check_alive(self) -> None:
         if self._deleted:

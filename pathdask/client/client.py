@@ -30,6 +30,7 @@ from ..spec import PartitionSpec
 from ..topology import DeviceId, DeviceInfo, Topology
 from . import checkpoint, elastic, interruption
 from .array import ShardedArray
+from .batching import Batcher
 from .dispatcher import Dispatcher, Outputs
 from .hosts import Hosts
 from .lowering import lower
@@ -84,6 +85,7 @@ class Client(Observed):
         self._observe = Observer(self.dask)
         self._hosts = Hosts(self.dask, info, self._observe)
         self._dispatcher = Dispatcher(self.dask, self.id, self._hosts, self._lock)
+        self._batcher = Batcher(self, self._launch)
         self._checkpoints = checkpoint.Checkpoints()
 
     @property
@@ -291,27 +293,25 @@ class Client(Observed):
 
     # -- programs --------------------------------------------------------------
     def _run(self, program: Program, arrays: tuple[Sharded, ...]) -> Any:
+        return self._batcher.call(program, arrays)
+
+    def _launch(self, program: Program, arrays: tuple[Sharded, ...],
+                sent: Callable[[], None]) -> tuple[str, Outputs]:
+        """Send ``program`` on ``arrays`` (a call, or a batch of them); ``sent`` is called once it
+        is on its way. Its program id and, per output, the futures of its keys by host."""
         for a in arrays:
             a._check_alive()
         self._check_meshes([v.mesh for v in program.values])
         plans = lower(program, overlap=dask.config.get("pathdask.dispatch") != "sequential")
         pid = self._dispatcher.new_pid()
-        futures = self._dispatch(pid, plans, tuple(a.key for a in arrays), arrays, program)
-        outs: list[Sharded] = []
-        for j, vid in enumerate(program.outputs):
-            if vid < program.n_inputs:
-                outs.append(arrays[vid])
-                continue
-            v = program.values[vid]
-            outs.append(ShardedArray(self, pid, vid, v.shape, v.dtype, v.mesh, v.spec, futures[j],
-                                     _labels_for(v.shape, arrays)))
-        return tuple(outs) if program.multiple_outputs else outs[0]
+        return pid, self._dispatch(pid, plans, tuple(a.key for a in arrays), arrays, program, sent)
 
     def _dispatch(self, pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, int], ...],
-                  keepalive: tuple[Sharded, ...], program: Program | None = None) -> Outputs:
+                  keepalive: tuple[Sharded, ...], program: Program | None = None,
+                  sent: Callable[[], None] | None = None) -> Outputs:
         if self._closed:
             raise ClientClosedError(f"Client {self.name!r} is closed; open a new one with system.client(...)")
-        return self._dispatcher.dispatch(pid, plans, inputs, keepalive, program)
+        return self._dispatcher.dispatch(pid, plans, inputs, keepalive, program, sent)
 
     # -- results -------------------------------------------------------------------
     def _fetch(self, array: Sharded, timeout: Any = None, avoid: frozenset[int] = frozenset()) -> np.ndarray:
@@ -327,6 +327,7 @@ class Client(Observed):
             return
         self._checkpoints.wait()  # their arrays' buffers are to be written first
         self._closed = True
+        self._batcher.close()
         self._dispatcher.close()
         self._hosts.close()
         if self._owns_dask:
@@ -349,15 +350,6 @@ def _put_part(block_nbytes: int) -> int:
     """
     frame = parse_bytes(dask.config.get("distributed.comm.shard"))
     return max(block_nbytes, 1) if block_nbytes <= frame else parse_bytes(dask.config.get("pathdask.transfer-chunk"))
-
-
-def _labels_for(shape: tuple[int, ...], arrays: tuple[Sharded, ...]) -> dict[str, Any] | None:
-    """xarray in, xarray out: an output keeps the dims and coords of the first labelled input
-    of its shape (its name and attrs describe the input, so they stay behind)."""
-    for a in arrays:
-        if a._xarray is not None and a.shape == shape:
-            return {"dims": a._xarray["dims"], "coords": a._xarray.get("coords")}
-    return None
 
 
 def connect(address: str, *, name: str = "client", weight: float = 1.0, timeout: Any = "30s",

@@ -20,7 +20,7 @@ import itertools
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import dask
@@ -83,8 +83,8 @@ class Dispatcher:
         #: guarded by ``lock``: host -> ids of the plans it holds for us, least recently used first
         self._plans_sent: dict[str, OrderedDict[str, None]] = {}
         self._sending_plans = threading.Lock()  # one plan upload at a time; cached calls skip it
-        #: guarded by ``lock``: calls not sent yet, with the arrays they read
-        self._waiting_calls: list[tuple[dict[str, Any], tuple[Sharded, ...]]] = []
+        #: guarded by ``lock``: calls not sent yet, with the arrays they read and what to tell once sent
+        self._waiting_calls: list[tuple[dict[str, Any], tuple[Sharded, ...], Callable[[], None] | None]] = []
         #: program ids: unique to this client, then counted (cheaper than a uuid per call)
         self._pid_prefix = uuid.uuid4().hex[:16]
         self._pids = itertools.count()
@@ -98,11 +98,14 @@ class Dispatcher:
         return f"{self._pid_prefix}{next(self._pids):08x}"
 
     def dispatch(self, pid: str, plans: dict[str, HostPlan], inputs: tuple[tuple[str, int], ...],
-                 keepalive: tuple[Sharded, ...], program: Program | None = None) -> Outputs:
+                 keepalive: tuple[Sharded, ...], program: Program | None = None,
+                 sent: Callable[[], None] | None = None) -> Outputs:
         """Send one program; returns its output futures per output and host.
 
         ``inputs`` are the keys of the arrays it reads, ``keepalive`` those arrays; ``program``
         (none for a put or a load) is what sequential dispatch makes a task per gang of.
+        ``sent`` is called once it is on its way (on the event loop, for a call): at once
+        for a graph, and never if this raises.
         """
         mode = dask.config.get("pathdask.dispatch")
         if mode not in ("parallel", "sequential"):
@@ -112,10 +115,12 @@ class Dispatcher:
             graph, keys, out_keys = build_sequential_graph(pid, program, plans, inputs, self.client_id, arg_keys)
             futures = self.dask.get(graph, keys, sync=False)
             self._hold(pid, futures, keepalive)
+            if sent is not None:
+                sent()
         else:
             self._send_plans(plans)
             call, keys, out_keys = build_call(pid, plans, inputs)
-            futures = self._send_call(call, keys, keepalive)
+            futures = self._send_call(call, keys, keepalive, sent)
         by_key = dict(zip(keys, futures))
         return {j: {addr: by_key[k] for addr, k in hosts.items()} for j, hosts in out_keys.items()}
 
@@ -124,7 +129,8 @@ class Dispatcher:
             self._inflight.clear()
 
     # -- calls -----------------------------------------------------------------------
-    def _send_call(self, call: dict[str, Any], keys: list[Any], reads: tuple[Sharded, ...]) -> list[Future]:
+    def _send_call(self, call: dict[str, Any], keys: list[Any], reads: tuple[Sharded, ...],
+                   sent: Callable[[], None] | None) -> list[Future]:
         """Send a call on the Dask client's stream; returns the futures of its keys.
 
         As ``distributed.Client`` does for a graph, the futures exist before the call
@@ -136,7 +142,7 @@ class Dispatcher:
         futures = new_futures(self.dask, keys)
         hold_reads(self.lock, reads)  # before the flush can take the call and unread them
         with self.lock:
-            self._waiting_calls.append((call, reads))
+            self._waiting_calls.append((call, reads, sent))
             first = len(self._waiting_calls) == 1
         if first:
             # Queued as Dask queues each message it sends: before anything this thread sends
@@ -166,21 +172,21 @@ class Dispatcher:
             waiting, self._waiting_calls = self._waiting_calls, []
         if not waiting:
             return
-        if len(waiting) == 1 and self._embedded is not None and stream_settled(self.dask):
-            (call, reads), = waiting
-            try:
+        try:
+            if len(waiting) == 1 and self._embedded is not None and stream_settled(self.dask):
+                (call, _reads, _sent), = waiting
                 mark("sent", call["pid"])
                 self._embedded.call_now(self.client_id, Calls([call]))
-            finally:
-                unread(self.lock, reads)
-            return
-        try:
-            client_send(self.dask, encode(Calls([call for call, _ in waiting])))
-            if recording():
-                for call, _ in waiting:
-                    mark("sent", call["pid"])
+            else:
+                client_send(self.dask, encode(Calls([call for call, _, _ in waiting])))
+                if recording():
+                    for call, _, _ in waiting:
+                        mark("sent", call["pid"])
         finally:  # sent, or never to be: either way no host will count these reads later
-            unread(self.lock, [a for _, reads in waiting for a in reads])
+            unread(self.lock, [a for _, reads, _ in waiting for a in reads])
+            for _, _, sent in waiting:
+                if sent is not None:
+                    sent()
 
     def _hold(self, pid: str, futures: list[Any], keepalive: tuple[Sharded, ...]) -> None:
         """Keep a graph's futures and inputs alive until every host has registered it.

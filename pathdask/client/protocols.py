@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ..mesh import Mesh
     from ..spec import PartitionSpec
     from ..topology import Topology
+    from .batching import Batch
     from .tracing import Program
 
 __all__ = ["ArrayOwner", "Sharded"]
@@ -38,11 +39,21 @@ class Sharded(abc.ABC):
     mesh: Mesh
     spec: PartitionSpec
     client: ArrayOwner
-    _pid: str
-    _futures: dict[str, Future]  # host address -> output key future (owns the buffers there)
     _xarray: dict[str, Any] | None  # the labels it carries (see ``to_xarray``)
     _deleted: bool
     _readers: int  # calls reading it that are not on their way yet (guarded by the client's lock)
+    _batch: Batch | None  # the batch its call waits in, until that goes (``batching.py``)
+    _slot: tuple[int, int] | None  # its call and output in that batch
+
+    @property
+    @abc.abstractmethod
+    def _pid(self) -> str:
+        """Its program's id (sends its batch first, if its call waits in one)."""
+
+    @property
+    @abc.abstractmethod
+    def _futures(self) -> dict[str, Future]:
+        """Host address -> its output key's future there, which owns the buffers there."""
 
     @property
     @abc.abstractmethod

@@ -9,6 +9,7 @@ only what :class:`Kernel` says, so this module sits below ``function.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -23,8 +24,8 @@ from ..mesh import Mesh
 from ..sharding import Sharding
 from ..spec import PartitionSpec
 
-__all__ = ["Aval", "GangNode", "Kernel", "Program", "Traced", "ValueInfo", "check_move", "current_trace",
-           "move_scale", "trace_program"]
+__all__ = ["Aval", "GangNode", "Kernel", "Program", "Traced", "ValueInfo", "check_move", "compose",
+           "current_trace", "move_scale", "trace_program"]
 
 
 @dataclass(frozen=True)
@@ -239,3 +240,38 @@ def trace_program(fn: Callable[..., Any], name: str, arrays: tuple[Any, ...], de
             )
     return Program(name, len(arrays), tuple(tr.values), tuple(tr.gangs),
                    tuple(o.info.vid for o in outs), multiple)
+
+
+def compose(name: str, calls: Sequence[tuple[Program, tuple[tuple[int] | tuple[int, int], ...]]], n_inputs: int,
+            outputs: Sequence[tuple[int, int]]) -> Program:
+    """Calls of programs, one after another, as one program (a batch: ``batching.py``).
+
+    Each call names its arguments: ``(i,)`` is input ``i`` of the composed program,
+    ``(e, j)`` output ``j`` of call ``e`` before it. The composed program runs every
+    call's gangs in call order; its outputs are ``outputs``, as ``(call, output)``. A
+    value no output names lives only between the gangs that make and read it.
+    """
+    values: list[ValueInfo | None] = [None] * n_inputs
+    gangs: list[GangNode] = []
+    maps: list[dict[int, int]] = []
+    for program, args in calls:
+        vid: dict[int, int] = {}
+        for i, ref in enumerate(args):
+            if len(ref) == 1:
+                k = ref[0]
+                if values[k] is None:
+                    values[k] = dataclasses.replace(program.values[i], vid=k)
+                vid[i] = k
+            else:
+                e, j = ref  # type: ignore[misc]
+                vid[i] = maps[e][calls[e][0].outputs[j]]
+        for v in program.values[program.n_inputs:]:
+            vid[v.vid] = len(values)
+            values.append(dataclasses.replace(v, vid=len(values)))
+        for g in program.gangs:
+            gangs.append(dataclasses.replace(g, index=len(gangs), inputs=tuple(vid[i] for i in g.inputs),
+                                             outputs=tuple(vid[o] for o in g.outputs)))
+        maps.append(vid)
+    assert all(v is not None for v in values), "every input of a composed program is read by some call"
+    return Program(name, n_inputs, tuple(values), tuple(gangs),  # type: ignore[arg-type]
+                   tuple(maps[e][calls[e][0].outputs[j]] for e, j in outputs), True)

@@ -13,7 +13,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["CallMeter", "PARTS"]
+__all__ = ["METERED", "CallMeter", "PARTS"]
+
+#: the settings under which the meter's figures are per call: the meter on, and each call its
+#: own program (no opportunistic batching, ``client/batching.py``)
+METERED = {"pathdask.scheduler.meter": True, "pathdask.batch.enabled": False}
 
 #: the parts of the plugin's work on a call, in the order a call meets them
 PARTS = {

@@ -65,6 +65,7 @@ from ..bench.dispatch import Kernels
 from ..bench.multicontroller import run_multicontroller
 from ..bench.tenancy import _throughput
 from ..protocol import ProgramDone
+from ..scheduler.meter import METERED
 from ..system import LocalSystem
 from . import calibrate_tree
 from .measure import SpeedMeter, handled, timed, wrap_dispatch
@@ -275,7 +276,7 @@ def measure(k: int = 64, repeats: int = 5, echo: Echo = print) -> dict[str, Any]
 
 
 def _measure_all(topology: Any, raw: dict[str, Any], k: int, repeats: int, meter: SpeedMeter, echo: Echo) -> None:
-    with dask.config.set({"pathdask.scheduler.meter": True}), \
+    with dask.config.set(METERED), \
             LocalSystem(topology, processes=False, dashboard_address=None) as system:
         assert system.cluster is not None
         # every call to each of its hosts directly: the trees are measured apart (calibrate_tree)

@@ -65,6 +65,7 @@ from .. import P
 from ..bench.dispatch import Kernels
 from ..bench.hosts import _settled
 from ..protocol import Dispatch, Fan, Order, ReleaseOutputs
+from ..scheduler.meter import METERED
 from ..system import LocalSystem
 from ..topology import Topology
 from .measure import SpeedMeter
@@ -163,7 +164,7 @@ def measure(k: int, repeats: int, meter: SpeedMeter, echo: Echo = print) -> dict
     of reference seconds per call (divided by the meter's reading during its run)."""
     topology = Topology.from_dict(TOPOLOGY)
     raw: dict[str, Any] = {}
-    with dask.config.set({"pathdask.scheduler.meter": True}), \
+    with dask.config.set(METERED), \
             LocalSystem(topology, processes=False, dashboard_address=None) as system:
         assert system.cluster is not None
         core = system.cluster.scheduler.plugins["pathdask"].core
