@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import threading
@@ -16,6 +17,9 @@ import numpy as np
 
 from .programs import Chain, random_chain
 from .scenario import TYPED, ClientPlan, Sink
+
+#: the chance that a submission holds the client's calls in one batch until it next waits
+HOLD_CHANCE = 0.3
 
 
 @dataclass
@@ -57,15 +61,16 @@ def _submit(client: Any, rng: random.Random, meshes: list[Any], library: list[Ch
         x = client.put(value, chain.mesh, chain.spec)
         source = f"a put on devices {list(chain.mesh.device_ids)} as {chain.spec}"
     out = chain.prog(x)
-    desc = (f"{chain.names} on meshes {[(m.shape, list(m.device_ids)) for m in meshes]} of input {source}; "
-            f"pid {getattr(out, '_pid', '?')}")
+    # its program id is read at its end: reading it now would send a batch it waits in
+    desc = f"{chain.names} on meshes {[(m.shape, list(m.device_ids)) for m in meshes]} of input {source}"
     return Call(k, out, chain.reference(value), t0, desc)
 
 
 def _end(sink: Sink, call: Call, timeout: float) -> str:
     outcome, detail = check(call, timeout)
     if outcome != "ok":
-        detail = f"{detail} [program {call.desc}]"
+        pid = getattr(call.out, "_program_id", "?") or "none: its batch never went"
+        detail = f"{detail} [program {call.desc}; pid {pid}]"
     sink("program", k=call.k, t0=call.t0, t1=time.time(), outcome=outcome, detail=detail)
     return outcome
 
@@ -82,9 +87,12 @@ def drive(client: Any, plan: ClientPlan, sink: Sink, stop: threading.Event, time
     pending: deque[Call] = deque()
     last: Call | None = None
     failed = False
+    held = contextlib.ExitStack()  # calls held in the client's batch (client/batching.py) until it waits
     for k in range(plan.programs):
         if stop.is_set() or failed:
             break
+        if rng.random() < HOLD_CHANCE:
+            held.enter_context(client._batcher.holding())
         t0 = time.time()
         try:
             last = _submit(client, rng, meshes, library, last, k, plan.max_steps)
@@ -99,8 +107,11 @@ def drive(client: Any, plan: ClientPlan, sink: Sink, stop: threading.Event, time
             return
         if plan.kill_after == k + 1:
             sink("kill_me")
+        if len(pending) >= plan.depth:
+            held.close()
         while len(pending) >= plan.depth and not failed:
             failed = _end(sink, pending.popleft(), timeout) != "ok"
+    held.close()
     if failed:
         _end_all(sink, pending, timeout)
     while pending and not stop.is_set():
