@@ -11,7 +11,8 @@ on these systems, in one run on the same cluster:
 
 - ``dask``: plain Dask as a Dask user writes it, per-shard futures with a reduce task per step;
 - ``pathdask-seq``: pathdask with ``pathdask.dispatch: sequential``;
-- ``pathdask``: pathdask with parallel asynchronous dispatch;
+- ``pathdask-unbatched``: pathdask with ``pathdask.batch.enabled: false``, each call its own program;
+- ``pathdask``: pathdask with parallel asynchronous dispatch and opportunistic batching;
 - ``multi-controller``: every host runs the same loop itself (``client.run``), with
   the same runtime and collectives and no central dispatch: the JAX analogue;
 - ``ray-*``: Ray tasks, actors and Compiled Graphs, where Ray is installed.
@@ -107,8 +108,8 @@ class Kernels:
         self.op, self.chained, self.fused = op, chained, fused_prog
 
 
-def _pathdask_run(kernels: Kernels, x: Any, shape: str, mode: str) -> float:
-    with dask.config.set({"pathdask.dispatch": mode}):
+def _pathdask_run(kernels: Kernels, x: Any, shape: str, mode: str, batch: bool = True) -> float:
+    with dask.config.set({"pathdask.dispatch": mode, "pathdask.batch.enabled": batch}):
         def go() -> None:
             if shape == "OpByOp":
                 y = x
@@ -191,7 +192,7 @@ def _plain_dask(client: Client, workers: list[str], k: int, cost: float, shape: 
 
 
 def _rates(client: Client, system_workers: list[str], x: Any, cost: float, k: int, cfg: Config,
-           systems: tuple[str, ...] = ("dask", "pathdask-seq", "pathdask", "multi-controller"),
+           systems: tuple[str, ...] = ("dask", "pathdask-seq", "pathdask-unbatched", "pathdask", "multi-controller"),
            shapes: tuple[str, ...] = SHAPES) -> dict[str, dict[str, float | None]]:
     """Computations/s of each system and shape: the best of ``cfg.repeats`` runs.
 
@@ -238,7 +239,7 @@ def _runner(system: str, shape: str, client: Client, workers: list[str], kernels
     if system == "multi-controller":
         return lambda: _mc_run(client, kernels, x, shape)
     mode = "sequential" if system == "pathdask-seq" else "parallel"
-    return lambda: _pathdask_run(kernels, x, shape, mode)
+    return lambda: _pathdask_run(kernels, x, shape, mode, batch=system != "pathdask-unbatched")
 
 
 def _pipeline(client: Client, stages: int, cfg: Config, mode: str) -> float:
@@ -284,7 +285,10 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
         # -- Figure 5: the three shapes, cost 0 ------------------------------------
         client.reset_observations()
         since = time.time()
+        batcher = client._batcher
+        batched = (batcher.batched_calls, batcher.batch_programs)
         rates = _rates(client, workers, x, 0.0, cfg.computations, cfg)
+        batched = (batcher.batched_calls - batched[0], batcher.batch_programs - batched[1])
         trace = window(client.trace(), since)
         gaps = idle_gaps(window(trace, gang="allreduce_add"))
         mc = rates["multi-controller"]
@@ -293,6 +297,9 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
         echo("\nFigure 5 analogue: computations/s (and ratio to the multi-controller, same shape)")
         echo(table(["system", *SHAPES, *(f"{s}/MC" for s in SHAPES)], rows))
         result["figure5"] = rates
+        result["batched_calls_per_program"] = batched[0] / batched[1] if batched[1] else None
+        echo(f"pathdask's calls made while one was on its way went in batches of {batched[0]} calls as "
+             f"{batched[1]} programs (pathdask-unbatched: each call its own program)")
 
         # -- one call at a time, each result waited for --------------------------------
         result["round_trip"] = round_trips(Kernels(0.0, 1), x, cfg.round_trips)
@@ -371,6 +378,8 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
         "dask_reaches_95pct_within_sweep": reach.get("dask OpByOp") is not None,
         "tls_over_plain_chained": result["security"].get("over_plain", {}).get("Chained"),
         "pathdask_opbyop_over_multicontroller": _ratio(rates["pathdask"]["OpByOp"], rates["multi-controller"]["OpByOp"]),
+        "pathdask_unbatched_opbyop_over_multicontroller": _ratio(rates["pathdask-unbatched"]["OpByOp"],
+                                                                 rates["multi-controller"]["OpByOp"]),
         "pathdask_chained_over_multicontroller": _ratio(pd_chained, rates["multi-controller"]["Chained"]),
         "pathdask_fused_over_multicontroller": _ratio(rates["pathdask"]["Fused"], rates["multi-controller"]["Fused"]),
         "round_trip_ms": result["round_trip"]["call_and_result_s"] * 1e3,
