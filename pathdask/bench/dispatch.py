@@ -7,6 +7,9 @@ add, whose output feeds the next computation. It runs in three shapes:
 - **Chained**: one program of ``k`` gangs;
 - **Fused**: one gang whose body loops ``k`` times;
 
+each run a series of such calls, each reading the last one's output (Figure 5's runs:
+``Config.figure5_series`` of them, as the paper's "series of calls"; the sweeps: one),
+
 on these systems, in one run on the same cluster:
 
 - ``dask``: plain Dask as a Dask user writes it, per-shard futures with a reduce task per step;
@@ -49,6 +52,13 @@ Echo = Callable[[str], Any]
 class Config:
     computations: int = 128
     repeats: int = 3
+    #: runs per system and shape of Figure 5 (cost 0, each run tens of ms): the best kept; the
+    #: ratios to the multi-controller come from these, on a machine whose speed drifts
+    figure5_repeats: int = 7
+    #: calls of ``computations`` each per run of Figure 5 (OpByOp: as many computations, one
+    #: call each), each reading the last one's output: the paper's "series of calls", whose
+    #: throughput a single call's round trip does not bound
+    figure5_series: int = 4
     #: calls timed one at a time, each waiting for its result (the round trip)
     round_trips: int = 200
     costs: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
@@ -61,7 +71,7 @@ class Config:
 
     @classmethod
     def small(cls) -> Config:
-        return cls(computations=16, repeats=1, costs=(1e-4, 1e-3, 1e-2), stages=(1, 2), microbatches=4,
+        return cls(computations=16, repeats=1, figure5_repeats=1, figure5_series=2, costs=(1e-4, 1e-3, 1e-2), stages=(1, 2), microbatches=4,
                    ray=False, round_trips=20)
 
 
@@ -71,6 +81,8 @@ class Kernels:
 
     cost: float
     k: int
+    #: calls per run (each of ``k`` computations; OpByOp: ``k * series`` calls)
+    series: int = 1
     step: Function = field(init=False)
     op: ProgramFunction = field(init=False)
     chained: ProgramFunction = field(init=False)
@@ -107,17 +119,24 @@ class Kernels:
 
         self.op, self.chained, self.fused = op, chained, fused_prog
 
+    @property
+    def total(self) -> int:
+        """Computations per run."""
+        return self.k * self.series
+
 
 def _pathdask_run(kernels: Kernels, x: Any, shape: str, mode: str, batch: bool = True) -> float:
     with dask.config.set({"pathdask.dispatch": mode, "pathdask.batch.enabled": batch}):
         def go() -> None:
+            y = x
             if shape == "OpByOp":
-                y = x
-                for _ in range(kernels.k):
+                for _ in range(kernels.total):
                     y = kernels.step(y)
             else:
-                y = (kernels.chained if shape == "Chained" else kernels.fused)(x)
-            _check(y.result(), kernels.k)
+                prog = kernels.chained if shape == "Chained" else kernels.fused
+                for _ in range(kernels.series):
+                    y = prog(y)
+            _check(y.result(), kernels.total)
         return timed(go)
 
 
@@ -138,8 +157,8 @@ def round_trips(kernels: Kernels, x: Any, n: int) -> dict[str, float | None]:
 
 def _mc_run(client: Client, kernels: Kernels, x: Any, shape: str) -> float:
     if shape == "OpByOp":
-        return run_multicontroller(client, kernels.op, x, kernels.k)
-    return run_multicontroller(client, kernels.chained if shape == "Chained" else kernels.fused, x, 1)
+        return run_multicontroller(client, kernels.op, x, kernels.total)
+    return run_multicontroller(client, kernels.chained if shape == "Chained" else kernels.fused, x, kernels.series)
 
 
 def _shard_step(value: float, total: float, n: int, cost: float) -> float:
@@ -193,15 +212,19 @@ def _plain_dask(client: Client, workers: list[str], k: int, cost: float, shape: 
 
 def _rates(client: Client, system_workers: list[str], x: Any, cost: float, k: int, cfg: Config,
            systems: tuple[str, ...] = ("dask", "pathdask-seq", "pathdask-unbatched", "pathdask", "multi-controller"),
-           shapes: tuple[str, ...] = SHAPES) -> dict[str, dict[str, float | None]]:
-    """Computations/s of each system and shape: the best of ``cfg.repeats`` runs.
+           shapes: tuple[str, ...] = SHAPES, repeats: int | None = None, series: int = 1
+           ) -> dict[str, dict[str, float | None]]:
+    """Computations/s of each system and shape: the best of ``repeats`` runs (``cfg.repeats``),
+    each of ``series`` calls of ``k`` computations (:class:`Kernels`).
 
     pathdask and the multi-controller, whose ratio is the result, take turns run by run,
     so that both see the same moments of a noisy machine. The other systems run their
     repeats back to back first; a run right after sequential dispatch pays for the
     clean-up of its hundreds of Dask tasks, so the first round of turns is not counted.
     """
-    kernels = Kernels(cost, k)
+    kernels = Kernels(cost, k, series)
+    repeats = repeats or cfg.repeats
+    k = kernels.total
     out: dict[str, dict[str, float | None]] = {s: {} for s in systems}
     for shape in shapes:
         runs = {system: _runner(system, shape, client, system_workers, kernels, x) for system in systems}
@@ -210,10 +233,10 @@ def _rates(client: Client, system_workers: list[str], x: Any, cost: float, k: in
             if system not in ready:
                 out[system][shape] = None
             elif system not in TAKE_TURNS:
-                out[system][shape] = best_rate(partial(_seconds, ready[system]), k, cfg.repeats)
+                out[system][shape] = best_rate(partial(_seconds, ready[system]), k, repeats)
         turns = [system for system in TAKE_TURNS if system in ready]
         best = {system: math.inf for system in turns}
-        for i in range(cfg.repeats + 1):  # the first round is not counted: it follows the others' clean-up
+        for i in range(repeats + 1):  # the first round is not counted: it follows the others' clean-up
             for system in turns:
                 seconds = _seconds(ready[system])
                 if i:
@@ -233,9 +256,9 @@ def _seconds(run: Callable[[], float | None]) -> float:
 
 def _runner(system: str, shape: str, client: Client, workers: list[str], kernels: Kernels,
             x: Any) -> Callable[[], float | None]:
-    """A callable that runs ``kernels.k`` computations of ``shape`` on ``system``; returns seconds."""
+    """A callable that runs ``kernels.total`` computations of ``shape`` on ``system``; returns seconds."""
     if system == "dask":
-        return lambda: _dask_run(client, workers, kernels.k, kernels.cost, shape)
+        return lambda: _dask_run(client, workers, kernels.total, kernels.cost, shape)
     if system == "multi-controller":
         return lambda: _mc_run(client, kernels, x, shape)
     mode = "sequential" if system == "pathdask-seq" else "parallel"
@@ -287,14 +310,17 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
         since = time.time()
         batcher = client._batcher
         batched = (batcher.batched_calls, batcher.batch_programs)
-        rates = _rates(client, workers, x, 0.0, cfg.computations, cfg)
+        rates = _rates(client, workers, x, 0.0, cfg.computations, cfg, repeats=cfg.figure5_repeats,
+                       series=cfg.figure5_series)
         batched = (batcher.batched_calls - batched[0], batcher.batch_programs - batched[1])
         trace = window(client.trace(), since)
         gaps = idle_gaps(window(trace, gang="allreduce_add"))
         mc = rates["multi-controller"]
         rows = [[name, *(r.get(s) for s in SHAPES), *(_ratio(r.get(s), mc.get(s)) for s in SHAPES)]
                 for name, r in rates.items()]
-        echo("\nFigure 5 analogue: computations/s (and ratio to the multi-controller, same shape)")
+        echo(f"\nFigure 5 analogue: computations/s (and ratio to the multi-controller, same shape); each run "
+             f"{cfg.figure5_series} Chained or Fused calls of {cfg.computations}, or "
+             f"{cfg.figure5_series * cfg.computations} OpByOp calls, best of {cfg.figure5_repeats}")
         echo(table(["system", *SHAPES, *(f"{s}/MC" for s in SHAPES)], rows))
         result["figure5"] = rates
         result["batched_calls_per_program"] = batched[0] / batched[1] if batched[1] else None
