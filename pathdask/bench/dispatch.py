@@ -7,8 +7,9 @@ add, whose output feeds the next computation. It runs in three shapes:
 - **Chained**: one program of ``k`` gangs;
 - **Fused**: one gang whose body loops ``k`` times;
 
-each run a series of such calls, each reading the last one's output (Figure 5's runs:
-``Config.figure5_series`` of them, as the paper's "series of calls"; the sweeps: one),
+each run a series of such calls, each reading the last one's output (in Figure 5, for
+pathdask and the multi-controller, ``Config.figure5_series`` of them, as the paper's
+"series of calls"; else one),
 
 on these systems, in one run on the same cluster:
 
@@ -215,25 +216,29 @@ def _rates(client: Client, system_workers: list[str], x: Any, cost: float, k: in
            shapes: tuple[str, ...] = SHAPES, repeats: int | None = None, series: int = 1
            ) -> dict[str, dict[str, float | None]]:
     """Computations/s of each system and shape: the best of ``repeats`` runs (``cfg.repeats``),
-    each of ``series`` calls of ``k`` computations (:class:`Kernels`).
+    each of ``series`` calls of ``k`` computations (:class:`Kernels`); the :data:`SLOW` systems'
+    of one call, ``cfg.repeats`` times.
 
     pathdask and the multi-controller, whose ratio is the result, take turns run by run,
     so that both see the same moments of a noisy machine. The other systems run their
     repeats back to back first; a run right after sequential dispatch pays for the
     clean-up of its hundreds of Dask tasks, so the first round of turns is not counted.
     """
-    kernels = Kernels(cost, k, series)
+    kernels, single = Kernels(cost, k, series), Kernels(cost, k)
     repeats = repeats or cfg.repeats
-    k = kernels.total
     out: dict[str, dict[str, float | None]] = {s: {} for s in systems}
     for shape in shapes:
-        runs = {system: _runner(system, shape, client, system_workers, kernels, x) for system in systems}
+        # the slow baselines (plain Dask, sequential dispatch): single calls, cfg.repeats of them
+        runs = {system: _runner(system, shape, client, system_workers, single if system in SLOW else kernels, x)
+                for system in systems}
         ready = {system: run for system, run in runs.items() if run() is not None}  # warm-up
         for system in systems:
             if system not in ready:
                 out[system][shape] = None
+            elif system in SLOW:
+                out[system][shape] = best_rate(partial(_seconds, ready[system]), k, cfg.repeats)
             elif system not in TAKE_TURNS:
-                out[system][shape] = best_rate(partial(_seconds, ready[system]), k, repeats)
+                out[system][shape] = best_rate(partial(_seconds, ready[system]), kernels.total, repeats)
         turns = [system for system in TAKE_TURNS if system in ready]
         best = {system: math.inf for system in turns}
         for i in range(repeats + 1):  # the first round is not counted: it follows the others' clean-up
@@ -242,12 +247,14 @@ def _rates(client: Client, system_workers: list[str], x: Any, cost: float, k: in
                 if i:
                     best[system] = min(best[system], seconds)
         for system in turns:
-            out[system][shape] = k / best[system]
+            out[system][shape] = kernels.total / best[system]
     return out
 
 
 #: the systems whose runs alternate in :func:`_rates`
 TAKE_TURNS = ("pathdask", "multi-controller")
+#: the systems that run single calls, ``cfg.repeats`` times, whatever the series and repeats asked
+SLOW = ("dask", "pathdask-seq")
 
 
 def _seconds(run: Callable[[], float | None]) -> float:
@@ -318,9 +325,10 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
         mc = rates["multi-controller"]
         rows = [[name, *(r.get(s) for s in SHAPES), *(_ratio(r.get(s), mc.get(s)) for s in SHAPES)]
                 for name, r in rates.items()]
-        echo(f"\nFigure 5 analogue: computations/s (and ratio to the multi-controller, same shape); each run "
-             f"{cfg.figure5_series} Chained or Fused calls of {cfg.computations}, or "
-             f"{cfg.figure5_series * cfg.computations} OpByOp calls, best of {cfg.figure5_repeats}")
+        echo(f"\nFigure 5 analogue: computations/s (and ratio to the multi-controller, same shape); a run of "
+             f"pathdask and the multi-controller: {cfg.figure5_series} Chained or Fused calls of "
+             f"{cfg.computations}, or {cfg.figure5_series * cfg.computations} OpByOp calls, best of "
+             f"{cfg.figure5_repeats}; of {', '.join(SLOW)}: one call, or {cfg.computations}")
         echo(table(["system", *SHAPES, *(f"{s}/MC" for s in SHAPES)], rows))
         result["figure5"] = rates
         result["batched_calls_per_program"] = batched[0] / batched[1] if batched[1] else None

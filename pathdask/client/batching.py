@@ -187,7 +187,7 @@ class Batcher:
             full = None
             with self._lock:
                 batch = self._open
-                stale = next((a for a in args if a._batch is not None and a._batch is not batch), None)  # type: ignore[attr-defined]
+                stale = next((a for a in args if a._batch is not None and a._batch is not batch), None)
                 if stale is None:
                     if batch is not None and batch.devices != devices:
                         full = self._take()  # another set of devices: the open batch goes first
@@ -200,7 +200,7 @@ class Batcher:
                         if batch.gangs >= _max_gangs():
                             full = self._take()
             if stale is not None:
-                stale._settle()  # type: ignore[attr-defined]
+                stale._settle()
                 continue
             if full is not None:
                 self._send(full)
