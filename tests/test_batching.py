@@ -79,13 +79,18 @@ def test_a_batch_that_cannot_go_whole_goes_in_power_of_two_pieces(client):
     programs = batcher.batch_programs
     with batcher.holding():
         y = x
-        for _ in range(21):
+        for i in range(21):
             y = add_one(y)
+            if i == 3:
+                fourth = y
         with batcher._lock:
             head = batcher._take_head()
         assert len(head.calls) == 16 and len(batcher._open.calls) == 5
+        assert fourth._batch is head and y._batch is batcher._open and y._slot == (4, 0)
     batcher._send(head)
+    assert fourth._batch is None
     np.testing.assert_array_equal(y.result(), np.full(2, 21.0))
+    np.testing.assert_array_equal(fourth.result(), np.full(2, 4.0))
     assert batcher.batch_programs - programs == 2
 
 
