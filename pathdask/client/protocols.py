@@ -70,6 +70,10 @@ class Sharded(abc.ABC):
         """Let go of its keys (and so its buffers)."""
 
     @abc.abstractmethod
+    def _settle(self) -> None:
+        """Send the batch its call waits in (or wait until it went); raises what stopped it."""
+
+    @abc.abstractmethod
     def _check_alive(self) -> None:
         """Raise if it was deleted or its client closed."""
 
