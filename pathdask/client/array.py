@@ -21,13 +21,11 @@ from ..spec import PartitionSpec
 from ..stopwatch import mark
 from ..worker.tasks import gather_task
 from .program import move_program
-from .protocols import ArrayOwner, Sharded
+from .protocols import ArrayOwner, Sharded, Waiting
 from .tracing import check_move
 
 if TYPE_CHECKING:
     from distributed import Future
-
-    from .batching import Batch
 
 
 __all__ = ["ShardedArray"]
@@ -48,7 +46,7 @@ class ShardedArray(Sharded):
 
     def __init__(self, client: ArrayOwner, pid: str, vid: int, shape: tuple[int, ...], dtype: Any,
                  mesh: Mesh, spec: PartitionSpec, futures: dict[str, Future],
-                 xarray_meta: dict[str, Any] | None = None, *, batch: Batch | None = None,
+                 xarray_meta: dict[str, Any] | None = None, *, batch: Waiting | None = None,
                  slot: tuple[int, int] | None = None) -> None:
         self.client = client
         self._program_id, self._value_id = pid, vid

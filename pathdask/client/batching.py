@@ -47,8 +47,6 @@ from .tracing import Program, compose
 if TYPE_CHECKING:
     from distributed import Future
 
-    from .array import ShardedArray
-
 __all__ = ["Batch", "Batcher"]
 
 #: shapes of batch whose composed program a client keeps (and so their plans on the hosts)
@@ -82,7 +80,7 @@ class Batch:
         self.inputs: list[Sharded] = []  # the arrays it reads that no call of it makes, by first use
         self._input_index: dict[int, int] = {}
         #: per pending array: a weak reference (a dropped one is no output), its call and output
-        self.pending: list[tuple[weakref.ref[ShardedArray], int, int]] = []
+        self.pending: list[tuple[weakref.ref[Sharded], int, int]] = []
         self.gangs = 0
         self.sent = threading.Event()
         self.error: BaseException | None = None
@@ -107,7 +105,7 @@ class Batch:
         head.calls = [(p, tuple(r if len(r) == 2 else head.ref(old_inputs[r[0]]) for r in refs))
                       for p, refs in self.calls[:cut]]
         head.gangs = sum(len(p.gangs) for p, _ in head.calls)
-        held: dict[tuple[int, int], ShardedArray] = {}
+        held: dict[tuple[int, int], Sharded] = {}
         rest = []
         for ref, e, j in self.pending:
             a = ref()
@@ -147,7 +145,7 @@ class Batch:
         if self.error is not None:
             raise self.error
 
-    def drop(self, a: ShardedArray) -> bool:
+    def drop(self, a: Sharded) -> bool:
         """``a.delete()`` while this batch is open: ``a`` will be no output. False once it is sending."""
         with self.batcher._lock:
             if self.open:
@@ -158,12 +156,14 @@ class Batch:
 class Batcher:
     """A client's calls in parallel dispatch, sent at once or in batches (see the module).
 
-    ``client`` makes the arrays; ``launch`` sends a program (``Client._launch``).
+    ``launch`` sends a program (``Client._launch``); ``make`` makes the arrays of ``client``
+    (``ShardedArray``).
     """
 
-    def __init__(self, client: Any, launch: Launch) -> None:
+    def __init__(self, client: Any, launch: Launch, make: Callable[..., Sharded]) -> None:
         self.client = client
         self._launch = launch
+        self._make = make
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._open: Batch | None = None
@@ -235,14 +235,12 @@ class Batcher:
         return tuple(outs) if program.multiple_outputs else outs[0]
 
     def _array(self, program: Program, vid: int, pid: str, futures: dict[str, Future],
-               args: tuple[Sharded, ...] | None, **pending: Any) -> ShardedArray:
+               args: tuple[Sharded, ...] | None, **pending: Any) -> Sharded:
         """Value ``vid`` of ``program`` (of program id ``pid``, or waiting in a batch), labelled
         after ``args``."""
-        from .array import ShardedArray
-
         v = program.values[vid]
-        return ShardedArray(self.client, pid, vid, v.shape, v.dtype, v.mesh, v.spec, futures,
-                            labels_for(v.shape, args) if args else None, **pending)
+        return self._make(self.client, pid, vid, v.shape, v.dtype, v.mesh, v.spec, futures,
+                          labels_for(v.shape, args) if args else None, **pending)
 
     def _join(self, program: Program, args: tuple[Sharded, ...], devices: frozenset[int]) -> tuple[Any, Batch]:
         """Add the call to the open batch (under the lock); its pending outputs."""

@@ -85,7 +85,7 @@ class Client(Observed):
         self._observe = Observer(self.dask)
         self._hosts = Hosts(self.dask, info, self._observe)
         self._dispatcher = Dispatcher(self.dask, self.id, self._hosts, self._lock)
-        self._batcher = Batcher(self, self._launch)
+        self._batcher = Batcher(self, self._launch, ShardedArray)
         self._checkpoints = checkpoint.Checkpoints()
 
     @property

@@ -25,10 +25,19 @@ if TYPE_CHECKING:
     from ..mesh import Mesh
     from ..spec import PartitionSpec
     from ..topology import Topology
-    from .batching import Batch
     from .tracing import Program
 
-__all__ = ["ArrayOwner", "Sharded"]
+__all__ = ["ArrayOwner", "Sharded", "Waiting"]
+
+
+class Waiting(Protocol):
+    """The batch that a pending array's call waits in (``batching.Batch``)."""
+
+    def settle(self) -> None:
+        """Send it now if it is still open, else wait until it went; raises what stopped it."""
+
+    def drop(self, a: Sharded) -> bool:
+        """``a.delete()`` while it is open: ``a`` will be no output. False once it is being sent."""
 
 
 class Sharded(abc.ABC):
@@ -42,7 +51,7 @@ class Sharded(abc.ABC):
     _xarray: dict[str, Any] | None  # the labels it carries (see ``to_xarray``)
     _deleted: bool
     _readers: int  # calls reading it that are not on their way yet (guarded by the client's lock)
-    _batch: Batch | None  # the batch its call waits in, until that goes (``batching.py``)
+    _batch: Waiting | None  # the batch its call waits in, until that goes (``batching.py``)
     _slot: tuple[int, int] | None  # its call and output in that batch
 
     @property
@@ -72,6 +81,10 @@ class Sharded(abc.ABC):
     @abc.abstractmethod
     def _settle(self) -> None:
         """Send the batch its call waits in (or wait until it went); raises what stopped it."""
+
+    @abc.abstractmethod
+    def _settled(self, pid: str, vid: int, futures: dict[str, Future]) -> None:
+        """Its batch went: it is output ``vid`` of program ``pid``, owned by ``futures``."""
 
     @abc.abstractmethod
     def _check_alive(self) -> None:
