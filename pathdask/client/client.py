@@ -1,7 +1,8 @@
 """``Client``: one tenant of a pathdask system (the single controller's handle).
 
 It asks the scheduler for meshes, puts arrays and runs programs on them. What
-it hands over: the call path to its :class:`~.dispatcher.Dispatcher`, questions
+it hands over: the call path to its :class:`~.batching.Batcher` (calls made
+while one is on its way go together) and :class:`~.dispatcher.Dispatcher`, questions
 to the hosts (results, status) to :class:`~.hosts.Hosts`, observation to an
 :class:`~.observe.Observer`, checkpoints to ``checkpoint.py`` (and
 ``interruption.py``) and recovery to ``elastic.py``.
