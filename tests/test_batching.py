@@ -29,6 +29,13 @@ def _boom(b):
 boom = pw.function(_boom, in_specs=P("x"), out_specs=P("x"), name="boom")
 
 
+@pytest.fixture(autouse=True)
+def batching():
+    """Batching on, for every test here (``pathdask.batch.enabled`` is off by default)."""
+    with dask.config.set({"pathdask.batch.enabled": True}):
+        yield
+
+
 def _scheduler_keys(client: pw.Client) -> int:
     return client.dask.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
 
