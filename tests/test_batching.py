@@ -31,7 +31,7 @@ boom = pw.function(_boom, in_specs=P("x"), out_specs=P("x"), name="boom")
 
 @pytest.fixture(autouse=True)
 def batching():
-    """Batching on, for every test here (``pathdask.batch.enabled`` is off by default)."""
+    """Batching on for every test here, whatever the defaults."""
     with dask.config.set({"pathdask.batch.enabled": True}):
         yield
 
@@ -195,3 +195,27 @@ def test_an_unheld_loop_in_worker_processes_is_batched_and_right():
             assert client._batcher.batched_calls > 0
             del x, y
         assert_clean(system)
+
+
+def test_a_stored_cause_raised_many_times_still_crosses_processes_with_its_type():
+    """Every reader raises a dropped program's stored cause again, and each raise adds to its
+    traceback; with tblib's pickling installed for its class (as distributed installs it),
+    pickling that traceback overflowed the stack and the error arrived as a RuntimeError."""
+    import pickle
+
+    import tblib.pickling_support
+
+    from pathdask.errors import DeviceLostError
+    from pathdask.worker.dataplane import picklable
+
+    cause = DeviceLostError("host h left the cluster while this program used it")
+    tblib.pickling_support.install(cause)
+
+    def read():
+        raise cause
+
+    for _ in range(2000):
+        with pytest.raises(DeviceLostError):
+            read()
+    sent = pickle.loads(pickle.dumps(picklable(cause)))
+    assert type(sent) is DeviceLostError and "left the cluster" in str(sent)

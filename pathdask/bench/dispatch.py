@@ -15,8 +15,8 @@ on these systems, in one run on the same cluster:
 
 - ``dask``: plain Dask as a Dask user writes it, per-shard futures with a reduce task per step;
 - ``pathdask-seq``: pathdask with ``pathdask.dispatch: sequential``;
-- ``pathdask``: pathdask with parallel asynchronous dispatch, each call its own program;
-- ``pathdask-batched``: the same with opportunistic batching (``pathdask.batch.enabled``);
+- ``pathdask-unbatched``: pathdask with ``pathdask.batch.enabled: false``, each call its own program;
+- ``pathdask``: pathdask with parallel asynchronous dispatch and opportunistic batching;
 - ``multi-controller``: every host runs the same loop itself (``client.run``), with
   the same runtime and collectives and no central dispatch: the JAX analogue;
 - ``ray-*``: Ray tasks, actors and Compiled Graphs, where Ray is installed.
@@ -126,7 +126,7 @@ class Kernels:
         return self.k * self.series
 
 
-def _pathdask_run(kernels: Kernels, x: Any, shape: str, mode: str, batch: bool = False) -> float:
+def _pathdask_run(kernels: Kernels, x: Any, shape: str, mode: str, batch: bool = True) -> float:
     with dask.config.set({"pathdask.dispatch": mode, "pathdask.batch.enabled": batch}):
         def go() -> None:
             y = x
@@ -212,7 +212,7 @@ def _plain_dask(client: Client, workers: list[str], k: int, cost: float, shape: 
 
 
 def _rates(client: Client, system_workers: list[str], x: Any, cost: float, k: int, cfg: Config,
-           systems: tuple[str, ...] = ("dask", "pathdask-seq", "pathdask", "pathdask-batched", "multi-controller"),
+           systems: tuple[str, ...] = ("dask", "pathdask-seq", "pathdask-unbatched", "pathdask", "multi-controller"),
            shapes: tuple[str, ...] = SHAPES, repeats: int | None = None, series: int = 1
            ) -> dict[str, dict[str, float | None]]:
     """Computations/s of each system and shape: the best of ``repeats`` runs (``cfg.repeats``),
@@ -252,7 +252,7 @@ def _rates(client: Client, system_workers: list[str], x: Any, cost: float, k: in
 
 
 #: the systems whose runs alternate in :func:`_rates`
-TAKE_TURNS = ("pathdask", "pathdask-batched", "multi-controller")
+TAKE_TURNS = ("pathdask", "multi-controller")
 #: the systems that run single calls, ``cfg.repeats`` times, whatever the series and repeats asked
 SLOW = ("dask", "pathdask-seq")
 
@@ -269,7 +269,7 @@ def _runner(system: str, shape: str, client: Client, workers: list[str], kernels
     if system == "multi-controller":
         return lambda: _mc_run(client, kernels, x, shape)
     mode = "sequential" if system == "pathdask-seq" else "parallel"
-    return lambda: _pathdask_run(kernels, x, shape, mode, batch=system == "pathdask-batched")
+    return lambda: _pathdask_run(kernels, x, shape, mode, batch=system != "pathdask-unbatched")
 
 
 def _pipeline(client: Client, stages: int, cfg: Config, mode: str) -> float:
@@ -332,8 +332,8 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
         echo(table(["system", *SHAPES, *(f"{s}/MC" for s in SHAPES)], rows))
         result["figure5"] = rates
         result["batched_calls_per_program"] = batched[0] / batched[1] if batched[1] else None
-        echo(f"pathdask-batched's calls made while one was on its way went in batches of {batched[0]} calls as "
-             f"{batched[1]} programs (pathdask: each call its own program)")
+        echo(f"pathdask's calls made while one was on its way went in batches of {batched[0]} calls as "
+             f"{batched[1]} programs (pathdask-unbatched: each call its own program)")
 
         # -- one call at a time, each result waited for --------------------------------
         result["round_trip"] = round_trips(Kernels(0.0, 1), x, cfg.round_trips)
@@ -412,12 +412,8 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
         "dask_reaches_95pct_within_sweep": reach.get("dask OpByOp") is not None,
         "tls_over_plain_chained": result["security"].get("over_plain", {}).get("Chained"),
         "pathdask_opbyop_over_multicontroller": _ratio(rates["pathdask"]["OpByOp"], rates["multi-controller"]["OpByOp"]),
-        "pathdask_batched_opbyop_over_multicontroller": _ratio(rates["pathdask-batched"]["OpByOp"],
-                                                               rates["multi-controller"]["OpByOp"]),
-        "pathdask_batched_chained_over_multicontroller": _ratio(rates["pathdask-batched"]["Chained"],
-                                                                rates["multi-controller"]["Chained"]),
-        "pathdask_batched_fused_over_multicontroller": _ratio(rates["pathdask-batched"]["Fused"],
-                                                              rates["multi-controller"]["Fused"]),
+        "pathdask_unbatched_opbyop_over_multicontroller": _ratio(rates["pathdask-unbatched"]["OpByOp"],
+                                                                 rates["multi-controller"]["OpByOp"]),
         "pathdask_chained_over_multicontroller": _ratio(pd_chained, rates["multi-controller"]["Chained"]),
         "pathdask_fused_over_multicontroller": _ratio(rates["pathdask"]["Fused"], rates["multi-controller"]["Fused"]),
         "round_trip_ms": result["round_trip"]["call_and_result_s"] * 1e3,

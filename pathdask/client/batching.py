@@ -24,9 +24,8 @@ does that in parallel dispatch:
 
 A batch takes only calls on the same devices, so that a lost device fails no call it
 would not have failed alone; a kernel's failure stays with the values that depend on it
-(``worker/execute.py``), as between separate calls. ``pathdask.batch.enabled`` turns
-batching on (off by default for now: see ``docs/dispatch-plane.md``);
-``pathdask.batch.max-gangs`` bounds a batch.
+(``worker/execute.py``), as between separate calls. ``pathdask.batch.enabled: false``
+turns batching off; ``pathdask.batch.max-gangs`` bounds a batch.
 """
 
 from __future__ import annotations

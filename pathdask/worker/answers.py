@@ -64,7 +64,9 @@ class HostAnswers:
         try:
             out = []
             for pid, vid, dev in buffers:
-                self._raise_if_dropped(pid)
+                cause = self.ledger.dropped(pid)
+                if cause is not None:  # given, not raised: raising the stored cause adds to its traceback
+                    return {"error": error_message(picklable(cause))}
                 out.append(encode_block(await self.store.wait_value((pid, vid), dev)))
             return {"values": out}
         except Exception as e:
@@ -79,18 +81,12 @@ class HostAnswers:
         if kind != "fetch":
             answer.give(("error", ValueError(f"unknown request {kind!r}; expected 'fetch'")))
             return _nothing
-        try:
-            for pid, _, _ in buffers:
-                self._raise_if_dropped(pid)
-        except Exception as e:  # noqa: BLE001 - the client raises it
-            answer.give(("error", picklable(e)))
-            return _nothing
+        for pid, _, _ in buffers:
+            cause = self.ledger.dropped(pid)
+            if cause is not None:  # given, not raised: raising the stored cause adds to its traceback
+                answer.give(("error", picklable(cause)))
+                return _nothing
         return Gathering(self.store, buffers, answer).stop
-
-    def _raise_if_dropped(self, pid: str) -> None:
-        cause = self.ledger.dropped(pid)
-        if cause is not None:
-            raise cause
 
     def status(self, buffers: list[tuple[str, int, int]]) -> list[str]:
         """Per buffer ``pending``, ``ready`` or ``error``, without waiting."""

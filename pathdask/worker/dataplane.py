@@ -190,11 +190,19 @@ class DataPlane:
 
 
 def picklable(exc: BaseException) -> BaseException:
-    """``exc``, or a ``RuntimeError`` with its text if it does not survive pickling."""
+    """``exc``; else the same without its traceback; else a ``RuntimeError`` with its text.
+
+    A stored cause (a dropped program's, a failed buffer's) is raised again by every reader,
+    and each raise adds to its traceback; once Dask has installed tblib's pickling for its
+    class (distributed does, for an exception that a task raised), pickling walks that
+    traceback recursively and fails with ``RecursionError``. Without it the error keeps its type.
+    """
     import pickle
 
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    for candidate in (exc, exc.with_traceback(None)):
+        try:
+            pickle.loads(pickle.dumps(candidate))
+            return candidate
+        except Exception:  # noqa: BLE001, PERF203 - the next candidate, or the text
+            continue
+    return RuntimeError(f"{type(exc).__name__}: {exc}")
