@@ -64,9 +64,9 @@ class HostAnswers:
         try:
             out = []
             for pid, vid, dev in buffers:
-                cause = self.ledger.dropped(pid)
-                if cause is not None:  # given, not raised: raising the stored cause adds to its traceback
-                    return {"error": error_message(picklable(cause))}
+                cause = self._dropped(pid)
+                if cause is not None:
+                    return {"error": error_message(cause)}
                 out.append(encode_block(await self.store.wait_value((pid, vid), dev)))
             return {"values": out}
         except Exception as e:
@@ -82,11 +82,17 @@ class HostAnswers:
             answer.give(("error", ValueError(f"unknown request {kind!r}; expected 'fetch'")))
             return _nothing
         for pid, _, _ in buffers:
-            cause = self.ledger.dropped(pid)
-            if cause is not None:  # given, not raised: raising the stored cause adds to its traceback
-                answer.give(("error", picklable(cause)))
+            cause = self._dropped(pid)
+            if cause is not None:
+                answer.give(("error", cause))
                 return _nothing
         return Gathering(self.store, buffers, answer).stop
+
+    def _dropped(self, pid: str) -> BaseException | None:
+        """Why ``pid`` was dropped here, ready to send; ``None`` if it was not. Given, never
+        raised: each raise of the stored cause would add to its traceback."""
+        cause = self.ledger.dropped(pid)
+        return None if cause is None else picklable(cause)
 
     def status(self, buffers: list[tuple[str, int, int]]) -> list[str]:
         """Per buffer ``pending``, ``ready`` or ``error``, without waiting."""
