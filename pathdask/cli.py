@@ -101,10 +101,12 @@ def bench() -> None:
 @click.option("--topology", default=None,
               help="Topology YAML file, or a packaged topology's name.  [default: local]")
 @click.option("--repeats", type=click.IntRange(min=1), default=None,
-              help="Runs per measurement (best kept).  [default: 7 for Figure 5, 3 for the rest]")
+              help="Runs per measurement (best kept).  [default: 15 rounds for Figure 5, 3 for the rest]")
 @click.option("--ray/--no-ray", default=True, show_default=True, help="Include Ray where it is installed.")
 @click.option("--processes/--threads", default=True, show_default=True,
               help="One worker process per host, or all hosts in this process.")
+@click.option("--pin/--no-pin", default=True, show_default=True,
+              help="Each host's worker process on a CPU of its own, as on a machine of its own.")
 @click.option("--hosts", default=None, metavar="N,N,...",
               help="Instead: for each number of hosts (e.g. 2,4,8,16; threads mode, one device per "
                    "host), the smallest computation at which pathdask reaches 95% of the multi-controller.")
@@ -113,7 +115,7 @@ def bench() -> None:
                    "dask CLI in each) with 0, 0.1 and 1 ms of delay on every link, beside the embedded "
                    "system. Needs root and iproute2 (and tc netem or /dev/net/tun for the delays).")
 def bench_dispatch(small: bool, out: str, topology: str | None, repeats: int | None, ray: bool,
-                   processes: bool, hosts: str | None, netns: bool) -> None:
+                   processes: bool, pin: bool, hosts: str | None, netns: bool) -> None:
     """Figures 5-7: dispatch throughput of pathdask, plain Dask and a multi-controller."""
     from .bench.dispatch import Config, run
     from .topology import Topology
@@ -144,6 +146,7 @@ def bench_dispatch(small: bool, out: str, topology: str | None, repeats: int | N
     if repeats:
         cfg.repeats = cfg.figure5_repeats = repeats
     cfg.ray = cfg.ray and ray
+    cfg.pin_hosts = pin
     run(cfg, Topology.load(topology) if topology else None, out=out, echo=click.echo, processes=processes)
 
 

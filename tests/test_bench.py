@@ -20,6 +20,10 @@ def test_bench_dispatch_small(tmp_path):
         for shape in ("OpByOp", "Chained", "Fused"):
             rate = fig5[system][shape]
             assert rate is None if (system, shape) == ("dask", "Fused") else rate > 0, (system, shape)
+    paired = data["figure5_over_multicontroller"]["paired_median"]  # the rounds' ratios, median
+    assert set(paired) == {"pathdask", "pathdask-unbatched"}
+    assert all(paired[system][shape] > 0 for system in paired for shape in ("OpByOp", "Chained", "Fused"))
+    assert data["ratios"]["pathdask_fused_over_multicontroller"] == paired["pathdask"]["Fused"]
     fig6 = data["figure6"]["rates"]
     assert set(fig6) == {f"{s} {shape}" for s in ("dask", "pathdask", "multi-controller")
                          for shape in ("OpByOp", "Chained")}
@@ -32,6 +36,14 @@ def test_bench_dispatch_small(tmp_path):
     tls = data["security"]["rates"]  # the same workload on a system with TLS everywhere
     assert tls["OpByOp"] > 0 and tls["Chained"] > 0 and data["ratios"]["tls_over_plain_chained"] > 0
     assert "skipped" in data["ray"] or "0ms" in data["ray"]
+
+
+def test_turns_rotate_who_goes_first_and_leave_the_first_round_out():
+    order: list[str] = []
+    runs = {name: (lambda name=name: order.append(name) or float(len(order))) for name in "abc"}
+    seconds = dispatch._take_turns(runs, 3)
+    assert order == list("abc" "bca" "cab" "abc")
+    assert seconds == {"a": [6.0, 8.0, 10.0], "b": [4.0, 9.0, 11.0], "c": [5.0, 7.0, 12.0]}
 
 
 @pytest.mark.slow

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import dask
 import numpy as np
 import pytest
 
 import pathdask as pw
 from pathdask import P
+from pathdask.affinity import can_pin, pin
+from pathdask.bench.placement import hosts_on_own_cpus
 
 from .conftest import SMALL, assert_clean
 
@@ -147,3 +151,44 @@ def test_a_host_killed_before_the_scheduler_noticed_is_lost_not_unreachable():
             np.testing.assert_array_equal(y.result(timeout=30), np.arange(4.0))
             assert all(sockets.idle[a] for a in others.hosts)
             del x, y
+
+
+def _affinities() -> list[list[int]]:
+    """The distinct CPU sets of this process's threads."""
+    return [list(c) for c in sorted({tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir("/proc/self/task")})]
+
+
+def _pin_all(cpus: list[int]) -> None:
+    pin(lambda tid: set(cpus))
+
+
+CAN_SPREAD = can_pin() and len(os.sched_getaffinity(0)) >= 2
+
+
+@pytest.mark.skipif(not CAN_SPREAD, reason="needs two CPUs and a platform that pins threads")
+def test_the_bench_pins_each_host_process_to_a_cpu_of_its_own(psystem):
+    """``bench dispatch`` pins every thread of each host's worker process, round robin over the
+    CPUs; the hosts then run programs as before."""
+    cpus = sorted(os.sched_getaffinity(0))
+    with psystem.client(name="pinned") as client:
+        hosts = sorted(client.dask.scheduler_info()["workers"])
+        placed = hosts_on_own_cpus(client.dask, hosts)
+        try:
+            assert placed == {h: cpus[i % len(cpus)] for i, h in enumerate(hosts)}
+            assert client.dask.run(_affinities) == {h: [[placed[h]]] for h in hosts}
+            mesh = client.mesh({"x": 4}, island=0)
+            y = pw.function(lambda b: pw.psum(b, "x"), in_specs=P("x"), out_specs=P("x"))(
+                client.put(np.arange(4.0), mesh, P("x")))
+            np.testing.assert_allclose(y.result(), [6.0] * 4)
+            del y
+        finally:
+            client.dask.run(_pin_all, cpus)
+    assert_clean(psystem)
+
+
+def test_hosts_in_this_process_are_not_pinned(system):
+    """In threads mode the hosts share this process: pinning them would pin the controller too."""
+    before = _affinities()
+    with system.client(name="unpinned") as client:
+        assert hosts_on_own_cpus(client.dask, sorted(client.dask.scheduler_info()["workers"])) is None
+    assert _affinities() == before

@@ -25,6 +25,7 @@ on these systems, in one run on the same cluster:
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from ..streams import pace
 from ..system import LocalSystem, default_topology
 from ..topology import Topology
 from .multicontroller import run_multicontroller
+from .placement import hosts_on_own_cpus
 from .report import best_rate, idle_gaps, median, save_plots, table, timed, window, write_json
 
 SHAPES = ("OpByOp", "Chained", "Fused")
@@ -53,13 +55,13 @@ Echo = Callable[[str], Any]
 class Config:
     computations: int = 128
     repeats: int = 3
-    #: runs per system and shape of Figure 5 (cost 0, each run tens of ms): the best kept; the
-    #: ratios to the multi-controller come from these, on a machine whose speed drifts
-    figure5_repeats: int = 7
+    #: rounds of Figure 5 (cost 0, each run 0.1-0.5 s) in which pathdask and the multi-controller
+    #: take turns: the best run of each kept, and the median of the rounds' ratios
+    figure5_repeats: int = 15
     #: calls of ``computations`` each per run of Figure 5 (OpByOp: as many computations, one
     #: call each), each reading the last one's output: the paper's "series of calls", whose
-    #: throughput a single call's round trip does not bound
-    figure5_series: int = 4
+    #: throughput a single call's round trip (about 2.5 ms of the run) does not bound
+    figure5_series: int = 16
     #: calls timed one at a time, each waiting for its result (the round trip)
     round_trips: int = 200
     costs: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
@@ -69,6 +71,8 @@ class Config:
     ray: bool = True
     #: also run pathdask on a system with TLS (Dask's Security.temporary(), needs cryptography)
     security: bool = True
+    #: each host's worker process on a CPU of its own (:mod:`.placement`), where it can be
+    pin_hosts: bool = True
 
     @classmethod
     def small(cls) -> Config:
@@ -213,16 +217,20 @@ def _plain_dask(client: Client, workers: list[str], k: int, cost: float, shape: 
 
 def _rates(client: Client, system_workers: list[str], x: Any, cost: float, k: int, cfg: Config,
            systems: tuple[str, ...] = ("dask", "pathdask-seq", "pathdask-unbatched", "pathdask", "multi-controller"),
-           shapes: tuple[str, ...] = SHAPES, repeats: int | None = None, series: int = 1
-           ) -> dict[str, dict[str, float | None]]:
+           shapes: tuple[str, ...] = SHAPES, repeats: int | None = None, series: int = 1,
+           paired: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, float | None]]:
     """Computations/s of each system and shape: the best of ``repeats`` runs (``cfg.repeats``),
     each of ``series`` calls of ``k`` computations (:class:`Kernels`); the :data:`SLOW` systems'
     of one call, ``cfg.repeats`` times.
 
-    pathdask and the multi-controller, whose ratio is the result, take turns run by run,
-    so that both see the same moments of a noisy machine. The other systems run their
-    repeats back to back first; a run right after sequential dispatch pays for the
-    clean-up of its hundreds of Dask tasks, so the first round of turns is not counted.
+    pathdask (batched and not) and the multi-controller, whose ratios are the result, take
+    turns run by run (who goes first rotating), so that they see the same moments of a noisy
+    machine. If ``paired`` is given, it is filled with each such system's ratio to the
+    multi-controller per shape, as the median over the rounds of the ratio within a round:
+    on two shared cores the same run's time drifts by up to 2x over seconds, and a round's
+    runs drift together, so this ratio is steadier than that of the best runs. The other
+    systems run their repeats back to back first; a run right after sequential dispatch pays
+    for the clean-up of its hundreds of Dask tasks, so the first round of turns is not counted.
     """
     kernels, single = Kernels(cost, k, series), Kernels(cost, k)
     repeats = repeats or cfg.repeats
@@ -240,19 +248,34 @@ def _rates(client: Client, system_workers: list[str], x: Any, cost: float, k: in
             elif system not in TAKE_TURNS:
                 out[system][shape] = best_rate(partial(_seconds, ready[system]), kernels.total, repeats)
         turns = [system for system in TAKE_TURNS if system in ready]
-        best = {system: math.inf for system in turns}
-        for i in range(repeats + 1):  # the first round is not counted: it follows the others' clean-up
-            for system in turns:
-                seconds = _seconds(ready[system])
-                if i:
-                    best[system] = min(best[system], seconds)
-        for system in turns:
-            out[system][shape] = kernels.total / best[system]
+        rounds = _take_turns({system: ready[system] for system in turns}, repeats)
+        for system, seconds in rounds.items():
+            out[system][shape] = kernels.total / min(seconds)
+        if paired is not None and "multi-controller" in rounds:
+            mc = rounds["multi-controller"]
+            for system, seconds in rounds.items():
+                if system != "multi-controller":
+                    paired.setdefault(system, {})[shape] = statistics.median(m / s for m, s in zip(mc, seconds))
     return out
 
 
+def _take_turns(runs: dict[str, Callable[[], float | None]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each run in ``repeats`` rounds, each round running every system once, the
+    first of them rotating; a first round before them is not counted (it follows the other
+    systems' clean-up)."""
+    order = list(runs)
+    seconds: dict[str, list[float]] = {system: [] for system in order}
+    for i in range(repeats + 1):
+        turn = order[i % len(order):] + order[:i % len(order)] if order else []
+        for system in turn:
+            t = _seconds(runs[system])
+            if i:
+                seconds[system].append(t)
+    return seconds
+
+
 #: the systems whose runs alternate in :func:`_rates`
-TAKE_TURNS = ("pathdask", "multi-controller")
+TAKE_TURNS = ("pathdask", "pathdask-unbatched", "multi-controller")
 #: the systems that run single calls, ``cfg.repeats`` times, whatever the series and repeats asked
 SLOW = ("dask", "pathdask-seq")
 
@@ -309,28 +332,39 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
         workers = [d.address for d in mesh.devices]
         x = client.put(np.zeros(mesh.size), mesh, P("x"))
         x.result()
+        result["placement"] = _place(client, mesh, cfg)
         echo(f"pathdask bench dispatch: {cfg.computations} computations of a scalar all-reduce + add "
-             f"over {mesh.size} devices on {len(mesh.hosts)} hosts ({topology.describe()})")
+             f"over {mesh.size} devices on {len(mesh.hosts)} hosts ({topology.describe()}); "
+             + _placed(result["placement"]))
 
         # -- Figure 5: the three shapes, cost 0 ------------------------------------
         client.reset_observations()
         since = time.time()
         batcher = client._batcher
         batched = (batcher.batched_calls, batcher.batch_programs)
+        paired: dict[str, dict[str, float]] = {}
         rates = _rates(client, workers, x, 0.0, cfg.computations, cfg, repeats=cfg.figure5_repeats,
-                       series=cfg.figure5_series)
+                       series=cfg.figure5_series, paired=paired)
         batched = (batcher.batched_calls - batched[0], batcher.batch_programs - batched[1])
         trace = window(client.trace(), since)
         gaps = idle_gaps(window(trace, gang="allreduce_add"))
         mc = rates["multi-controller"]
-        rows = [[name, *(r.get(s) for s in SHAPES), *(_ratio(r.get(s), mc.get(s)) for s in SHAPES)]
+        best = {name: {s: _ratio(r.get(s), mc.get(s)) for s in SHAPES} for name, r in rates.items()}
+        over_mc = {name: paired.get(name, best[name]) for name in rates}
+        rows = [[name, *(r.get(s) for s in SHAPES), *(over_mc[name].get(s) for s in SHAPES)]
                 for name, r in rates.items()]
-        echo(f"\nFigure 5 analogue: computations/s (and ratio to the multi-controller, same shape); a run of "
-             f"pathdask and the multi-controller: {cfg.figure5_series} Chained or Fused calls of "
-             f"{cfg.computations}, or {cfg.figure5_series * cfg.computations} OpByOp calls, best of "
-             f"{cfg.figure5_repeats}; of {', '.join(SLOW)}: one call, or {cfg.computations}")
+        echo(f"\nFigure 5 analogue: computations/s, best run (and ratio to the multi-controller, same shape); "
+             f"a run of {', '.join(TAKE_TURNS)}: {cfg.figure5_series} Chained or Fused calls of "
+             f"{cfg.computations}, or {cfg.figure5_series * cfg.computations} OpByOp calls, "
+             f"{cfg.figure5_repeats} rounds taking turns, the ratio the median of the rounds' ratios; "
+             f"of {', '.join(SLOW)}: one call, or {cfg.computations}, best of {cfg.repeats}, "
+             "the ratio of the best runs")
         echo(table(["system", *SHAPES, *(f"{s}/MC" for s in SHAPES)], rows))
+        echo("ratio of the best runs alone: " + "; ".join(
+            f"{name} " + " / ".join(f"{best[name][s]:.3g}" if best[name][s] else "-" for s in SHAPES)
+            for name in paired))
         result["figure5"] = rates
+        result["figure5_over_multicontroller"] = {"paired_median": paired, "best_over_best": best}
         result["batched_calls_per_program"] = batched[0] / batched[1] if batched[1] else None
         echo(f"pathdask's calls made while one was on its way went in batches of {batched[0]} calls as "
              f"{batched[1]} programs (pathdask-unbatched: each call its own program)")
@@ -411,11 +445,11 @@ def run(cfg: Config, topology: Topology | None = None, out: str = "bench-results
                                                 reach.get("pathdask Chained")),
         "dask_reaches_95pct_within_sweep": reach.get("dask OpByOp") is not None,
         "tls_over_plain_chained": result["security"].get("over_plain", {}).get("Chained"),
-        "pathdask_opbyop_over_multicontroller": _ratio(rates["pathdask"]["OpByOp"], rates["multi-controller"]["OpByOp"]),
-        "pathdask_unbatched_opbyop_over_multicontroller": _ratio(rates["pathdask-unbatched"]["OpByOp"],
-                                                                 rates["multi-controller"]["OpByOp"]),
-        "pathdask_chained_over_multicontroller": _ratio(pd_chained, rates["multi-controller"]["Chained"]),
-        "pathdask_fused_over_multicontroller": _ratio(rates["pathdask"]["Fused"], rates["multi-controller"]["Fused"]),
+        # Figure 5's ratios: the median of the rounds' ratios (see _rates)
+        "pathdask_opbyop_over_multicontroller": over_mc["pathdask"]["OpByOp"],
+        "pathdask_unbatched_opbyop_over_multicontroller": over_mc["pathdask-unbatched"]["OpByOp"],
+        "pathdask_chained_over_multicontroller": over_mc["pathdask"]["Chained"],
+        "pathdask_fused_over_multicontroller": over_mc["pathdask"]["Fused"],
         "round_trip_ms": result["round_trip"]["call_and_result_s"] * 1e3,
     }
     result["idle_gap_median_s"] = median(gaps)
@@ -454,13 +488,30 @@ def _secure_rates(cfg: Config, topology: Topology, processes: bool, plain: dict[
         mesh = client.mesh({"x": topology.devices_per_island}, island=0)
         x = client.put(np.zeros(mesh.size), mesh, P("x"))
         x.result()
+        _place(client, mesh, cfg)
         rates = _rates(client, [d.address for d in mesh.devices], x, 0.0, cfg.computations, cfg,
-                       systems=("pathdask",), shapes=("OpByOp", "Chained"))["pathdask"]
+                       systems=("pathdask",), shapes=("OpByOp", "Chained"), repeats=cfg.figure5_repeats,
+                       series=cfg.figure5_series)["pathdask"]  # as Figure 5's, to be held against them
         client.close()
     ratios = {shape: _ratio(rates[shape], plain.get(shape)) for shape in rates}
     echo("\nWith TLS (Dask comms and the host transport): computations/s, and ratio to without")
     echo(table(["shape", "TLS", "plain", "TLS/plain"], [[s, rates[s], plain.get(s), ratios[s]] for s in rates]))
     return {"rates": rates, "over_plain": ratios}
+
+
+def _place(client: Client, mesh: Any, cfg: Config) -> dict[str, int] | None:
+    """The hosts' processes on CPUs of their own (the mesh's first), if ``cfg`` asks."""
+    if not cfg.pin_hosts:
+        return None
+    hosts = list(dict.fromkeys(d.address for d in mesh.devices))
+    others = sorted(set(client.dask.scheduler_info()["workers"]) - set(hosts))
+    return hosts_on_own_cpus(client.dask, hosts + others)
+
+
+def _placed(placement: dict[str, int] | None) -> str:
+    if placement is None:
+        return "host processes not pinned"
+    return "each host process pinned to a CPU: " + ", ".join(f"{h} on {c}" for h, c in placement.items())
 
 
 def _check(values: np.ndarray, k: int) -> None:
