@@ -55,7 +55,7 @@ Echo = Callable[[str], Any]
 class Config:
     computations: int = 128
     repeats: int = 3
-    #: rounds of Figure 5 (cost 0, each run 0.1-0.5 s) in which pathdask and the multi-controller
+    #: rounds of Figure 5 (cost 0, each run 0.5-2 s) in which pathdask and the multi-controller
     #: take turns: the best run of each kept, and the median of the rounds' ratios
     figure5_repeats: int = 15
     #: calls of ``computations`` each per run of Figure 5 (OpByOp: as many computations, one
@@ -226,9 +226,9 @@ def _rates(client: Client, system_workers: list[str], x: Any, cost: float, k: in
     pathdask (batched and not) and the multi-controller, whose ratios are the result, take
     turns run by run (who goes first rotating), so that they see the same moments of a noisy
     machine. If ``paired`` is given, it is filled with each such system's ratio to the
-    multi-controller per shape, as the median over the rounds of the ratio within a round:
-    on two shared cores the same run's time drifts by up to 2x over seconds, and a round's
-    runs drift together, so this ratio is steadier than that of the best runs. The other
+    multi-controller per shape: the median over the rounds of the ratio within a round, whose
+    two runs come from the same moments of the machine, where the ratio of the best runs
+    holds two extremes, each of its own sample, against each other. The other
     systems run their repeats back to back first; a run right after sequential dispatch pays
     for the clean-up of its hundreds of Dask tasks, so the first round of turns is not counted.
     """
