@@ -89,11 +89,7 @@ class Batch:
     def ref(self, a: Sharded) -> Ref:
         if a._batch is self and a._slot is not None:
             return a._slot
-        i = self._input_index.get(id(a))
-        if i is None:
-            i = self._input_index[id(a)] = len(self.inputs)
-            self.inputs.append(a)
-        return (i,)
+        return (_number(a, self.inputs, self._input_index),)
 
     def split(self, cut: int) -> Batch:
         """Its first ``cut`` calls as a batch of their own, closed, to be sent before this one,
@@ -230,9 +226,7 @@ class Batcher:
     def _wrap(self, program: Program, args: tuple[Sharded, ...], pid: str,
               futures: dict[int, dict[str, Future]]) -> Any:
         """A launched program's outputs, as its caller gets them."""
-        outs = [args[vid] if vid < program.n_inputs else self._array(program, vid, pid, futures[j], args)
-                for j, vid in enumerate(program.outputs)]
-        return tuple(outs) if program.multiple_outputs else outs[0]
+        return _returned(program, args, lambda j, vid: self._array(program, vid, pid, futures[j], args))
 
     def _array(self, program: Program, vid: int, pid: str, futures: dict[str, Future],
                args: tuple[Sharded, ...] | None, **pending: Any) -> Sharded:
@@ -251,15 +245,13 @@ class Batcher:
         e = len(batch.calls)
         batch.calls.append((program, tuple(batch.ref(a) for a in args)))
         batch.gangs += len(program.gangs)
-        outs: list[Any] = []
-        for j, vid in enumerate(program.outputs):
-            if vid < program.n_inputs:
-                outs.append(args[vid])
-                continue
+
+        def pending(j: int, vid: int) -> Sharded:
             a = self._array(program, vid, "", {}, args, batch=batch, slot=(e, j))
             batch.pending.append((weakref.ref(a), e, j))
-            outs.append(a)
-        return (tuple(outs) if program.multiple_outputs else outs[0]), batch
+            return a
+
+        return _returned(program, args, pending), batch
 
     # -- sending ---------------------------------------------------------------------
     def _take_head(self) -> Batch:
@@ -425,6 +417,22 @@ def _nothing() -> None:
     pass
 
 
+def _returned(program: Program, args: tuple[Sharded, ...], make: Callable[[int, int], Sharded]) -> Any:
+    """What a call of ``program`` on ``args`` returns: an output that is an argument is that
+    argument, output ``j`` of value ``vid`` otherwise ``make(j, vid)``."""
+    outs = [args[vid] if vid < program.n_inputs else make(j, vid) for j, vid in enumerate(program.outputs)]
+    return tuple(outs) if program.multiple_outputs else outs[0]
+
+
+def _number(a: Sharded, inputs: list[Sharded], index: dict[int, int]) -> int:
+    """``a``'s place among ``inputs`` (by identity, ``index`` its map), added at its first use."""
+    i = index.get(id(a))
+    if i is None:
+        i = index[id(a)] = len(inputs)
+        inputs.append(a)
+    return i
+
+
 def _pieces(n: int) -> list[int]:
     """``n`` calls as the programs they go as: powers of two from :data:`FEW` up, largest first,
     then fewer than :data:`FEW` at once: 37 -> [32, 5]; 127 -> [64, 32, 16, 15]."""
@@ -443,11 +451,7 @@ def _piece(batch: Batch, start: int, end: int, crossing: dict[tuple[int, int], S
         if len(ref) == 2 and ref[0] >= start:
             return (ref[0] - start, ref[1])  # type: ignore[misc]
         a = batch.inputs[ref[0]] if len(ref) == 1 else crossing[ref]  # type: ignore[index]
-        i = index.get(id(a))
-        if i is None:
-            i = index[id(a)] = len(inputs)
-            inputs.append(a)
-        return (i,)
+        return (_number(a, inputs, index),)
 
     return [(program, tuple(local(r) for r in refs)) for program, refs in batch.calls[start:end]], inputs
 
