@@ -503,7 +503,7 @@ def _place(client: Client, mesh: Any, cfg: Config) -> dict[str, int] | None:
     """The hosts' processes on CPUs of their own (the mesh's first), if ``cfg`` asks."""
     if not cfg.pin_hosts:
         return None
-    hosts = list(dict.fromkeys(d.address for d in mesh.devices))
+    hosts = list(mesh.hosts)
     others = sorted(set(client.dask.scheduler_info()["workers"]) - set(hosts))
     return hosts_on_own_cpus(client.dask, hosts + others)
 

@@ -27,12 +27,11 @@ def hosts_on_own_cpus(dask_client: Any, hosts: list[str]) -> dict[str, int] | No
     if len(cpus) < 2 or os.getpid() in dask_client.run(os.getpid, workers=hosts).values():
         return None
     placed = {host: cpus[i % len(cpus)] for i, host in enumerate(hosts)}
-    for host, cpu in placed.items():
-        dask_client.run(_pin_here, cpu, workers=[host])
+    dask_client.run(_pin_here, placed, workers=hosts)
     return placed
 
 
-def _pin_here(cpu: int) -> int:
-    """On a host: every thread of this process, and those they start, on ``cpu``."""
+def _pin_here(placed: dict[str, int], dask_worker: Any = None) -> None:
+    """On a host: every thread of this process, and those they start, on its CPU in ``placed``."""
+    cpu = placed[dask_worker.address]
     pin(lambda tid: {cpu})
-    return cpu
