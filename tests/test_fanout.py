@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 import dask
 import numpy as np
@@ -230,3 +231,38 @@ def test_the_calls_of_a_plan_share_its_hosts_and_are_checked_again_once_a_host_l
     core.host_leaving()  # Dask removes a retiring host before it leaves the order
     with pytest.raises(DeviceLostError, match=r"\['h8'\] left the cluster before program p6"):
         core.check_call(call("p6"), set(hosts) - {"h8"})
+
+
+def test_a_program_reading_one_dropped_before_its_slot_is_dropped_too_as_it_comes():
+    """A call whose producer's dispatch failed while it waited for a slot is not slotted: its
+    order, down its tree, could reach a host before the producer's drop did, and its devices
+    would read the producer's buffers pending. It is dropped on its hosts with the producer's
+    cause, as its devices would have read it."""
+    from pathdask.core.island import SchedulerCore, Send
+    from pathdask.errors import DispatchError
+    from pathdask.protocol import DropPrograms, Fan
+
+    hosts = ["h0", "h1", "h2"]
+    core = SchedulerCore("proportional", threshold=1, degree=4)
+    for h in hosts:
+        core.host_joined(h, None)
+    core.client_joined("c", 1.0)
+
+    def call(pid: str, on: list[str], inputs: list[Any]) -> list[Any]:
+        return core.take_call("c", {
+            "pid": pid, "hosts": on, "plan": f"plan-{pid}", "owned": [], "outputs": [], "inputs": inputs,
+            "program": {"pid": pid, "hosts": {h: [hosts.index(h)] for h in on}, "cost": 1.0}})
+
+    for i in range(2):  # the window is full: the next ones wait for a slot
+        call(f"a{i}", hosts, [])
+    call("p", hosts, [])
+    assert "p" in core.order.waiting
+    cause = DispatchError("injected")
+    dropped = core.dispatch_failed("h1", "p", "DispatchError: injected", cause)
+    assert {(i.host, tuple(i.msg.pids)) for i in dropped if isinstance(i, Send)} == {(h, ("p",)) for h in hosts}
+    out = call("r", hosts[::-1], [["p", 0]])  # another tree: its root is another host
+    assert not any(isinstance(i, Send) and isinstance(i.msg, Fan) and i.msg.order for i in out)
+    drops = [i for i in out if isinstance(i, Send) and isinstance(i.msg, DropPrograms)]
+    assert sorted(i.host for i in drops) == hosts
+    assert all(i.msg.pids == ["r"] and i.msg.cause is cause and "program p" in i.msg.reason for i in drops)
+    assert "r" not in core.order.waiting and "r" not in core.order.inflight and not core.readers

@@ -77,6 +77,17 @@ class World:
     lost: set[str] = field(default_factory=set)
     slotted: set[str] = field(default_factory=set)
     ended: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    #: (buffer key, device) its producer's device settled (it ran there: computed, or failed as
+    #: its gang aborted), and host -> programs whose buffers failed there (``DropBuffers``
+    #: carried out): a program's reads must find one or the other
+    settled: set[tuple[Any, int]] = field(default_factory=set)
+    failed: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    #: devices are threads: with this, they may move between any two instructions of an event
+    chance: Any = None
+    #: endings a device reported, for the host's event loop to take up after the event
+    endings: list[tuple[str, str]] = field(default_factory=list)
+    depth: int = 0
+    moving: bool = False
 
     def send(self, src: str, dst: str, msg: Any) -> None:
         if dst not in self.lost:
@@ -113,33 +124,59 @@ class World:
 
     # -- the host adapter's part, as HostRuntime.apply does it -------------------------------
     def run_host(self, addr: str, out: list[Any]) -> None:
-        for ins in out:
-            if isinstance(ins, H.Enqueue):
-                self.order[ins.device].append(ins.pid)
-            elif isinstance(ins, H.Declare):
-                self.store[(ins.key, ins.device)][0] += ins.consumers
-                self.store[(ins.key, ins.device)][1] += ins.owned
-            elif isinstance(ins, H.Release):
-                entry = self.store[(ins.key, ins.device)]
-                if ins.consumers:
-                    entry[0] -= ins.consumers
-                else:
-                    entry[1] -= 1
-                assert entry[0] >= 0 and entry[1] >= 0, (ins, entry)
-            elif isinstance(ins, H.Ended):
-                self.ended[ins.pid].add(addr)
-                self.run_host(addr, self.hosts[addr].ended(ins.pid))
-            elif isinstance(ins, H.Tell):
-                self.send(addr, "scheduler", ins.msg)
-            elif isinstance(ins, H.Relay):  # a fan-out tree's record, host to host
-                self.send(addr, ins.host, ins.msg)
-            elif isinstance(ins, H.Register):  # the ledger learns it only after its counts
-                assert core_counts_declared(self.store, ins.prog), ins
-                self.run_host(addr, self.hosts[addr].register(ins.prog, ins.enqueue))
-            elif isinstance(ins, H.Raise):
-                raise ins.error
+        self.depth += 1
+        try:
+            for ins in out:
+                self._may_move()
+                self._carry_out(addr, ins)
+            self._may_move()
+        finally:
+            self.depth -= 1
+        while not self.depth and self.endings:  # the event loop takes up the endings after the event
+            host, pid = self.endings.pop(0)
+            self.run_host(host, self.hosts[host].ended(pid))
+
+    def _may_move(self) -> None:
+        """A device thread may take the GIL here: it sees every change the core made, and only
+        the instructions carried out so far."""
+        if self.chance is not None and not self.moving and self.chance.random() < 0.25:
+            self.moving = True
+            try:
+                while self.step_devices():  # a device that took the GIL goes as far as it can
+                    pass
+            finally:
+                self.moving = False
+
+    def _carry_out(self, addr: str, ins: Any) -> None:
+        if isinstance(ins, H.Enqueue):
+            self.order[ins.device].append(ins.pid)
+        elif isinstance(ins, H.Declare):
+            self.store[(ins.key, ins.device)][0] += ins.consumers
+            self.store[(ins.key, ins.device)][1] += ins.owned
+        elif isinstance(ins, H.Release):
+            entry = self.store[(ins.key, ins.device)]
+            if ins.consumers:
+                entry[0] -= ins.consumers
             else:
-                assert isinstance(ins, (H.PutHandles, H.Wake, H.DropBuffers, H.MarkLost, H.MarkJoined)), ins
+                entry[1] -= 1
+            assert entry[0] >= 0 and entry[1] >= 0, (ins, entry)
+        elif isinstance(ins, H.DropBuffers):  # as HostRuntime: the store fails them, then the ledger lets devices pass
+            self.failed[addr].add(ins.pid)
+            self.hosts[addr].ledger.buffers_failed(ins.pid)
+        elif isinstance(ins, H.Ended):
+            self.ended[ins.pid].add(addr)
+            self.endings.append((addr, ins.pid))
+        elif isinstance(ins, H.Tell):
+            self.send(addr, "scheduler", ins.msg)
+        elif isinstance(ins, H.Relay):  # a fan-out tree's record, host to host
+            self.send(addr, ins.host, ins.msg)
+        elif isinstance(ins, H.Register):  # the ledger learns it only after its counts
+            assert core_counts_declared(self.store, ins.prog), ins
+            self.run_host(addr, self.hosts[addr].register(ins.prog, ins.enqueue))
+        elif isinstance(ins, H.Raise):
+            raise ins.error
+        else:
+            assert isinstance(ins, (H.PutHandles, H.Wake, H.MarkLost, H.MarkJoined)), ins
 
     # -- the client --------------------------------------------------------------------------
     def call(self, prog: Program) -> None:
@@ -234,13 +271,15 @@ class World:
                 pid = self.running.get(d)
                 if pid is None:
                     if self.order[d] and core.ledger.ready(self.order[d][0]):
-                        self.running[d] = self.order[d].popleft()
+                        self.running[d] = self._take(addr, d, self.order[d].popleft())
                         moved = True
                     continue
                 prog = core.ledger.get(pid)
                 if prog is None or core.ledger.dropped(pid) is not None or self._met(pid):
                     self.running[d] = None
                     self.popped[d].append(pid)
+                    if prog is not None:
+                        self.settled.add(((pid, 1), d))
                     if prog is not None and prog.plan.ops.get(d):  # its reads are counted on every path
                         for op in prog.plan.ops[d]:
                             for ref in op.inputs:
@@ -248,6 +287,19 @@ class World:
                     self.run_host(addr, core.device_done(pid, d))
                     moved = True
         return moved
+
+    def _take(self, addr: str, device: int, pid: str) -> str:
+        """``device`` takes ``pid`` to run it: a program that will run reads its inputs now, and
+        each must be settled there (never pending: that is a wrong result)."""
+        core = self.hosts[addr]
+        prog = core.ledger.get(pid)
+        if prog is not None and core.ledger.dropped(pid) is None:
+            for op in prog.plan.ops.get(device, ()):
+                for ref in op.inputs:
+                    key = prog.resolve(ref)
+                    assert (key, device) in self.settled or key[0] in self.failed[addr], \
+                        (pid, "read a pending buffer", key, device)
+        return pid
 
     def _met(self, pid: str) -> bool:
         prog = self.programs[pid]
@@ -265,9 +317,15 @@ def scenarios(draw: Any) -> dict[str, Any]:
     hosts = [f"h{i}" for i in range(HOSTS)]
     programs: list[Program] = []
     for i in range(draw(st.integers(1, 8))):
-        used = draw(st.lists(st.sampled_from(hosts), min_size=1, max_size=HOSTS, unique=True))
-        placement = {a: draw(st.lists(st.sampled_from(list(World._devices(a))), min_size=1,
-                                      max_size=PER_HOST, unique=True)) for a in sorted(used)}
+        earlier = draw(st.sampled_from([None, *programs]))
+        if earlier is not None and draw(st.booleans()):  # an earlier program's devices (one may read
+            # the other's outputs), its hosts in another order: their trees have other roots
+            order = draw(st.permutations(list(earlier.placement)))
+            placement = {a: earlier.placement[a] for a in order}
+        else:
+            used = draw(st.lists(st.sampled_from(hosts), min_size=1, max_size=HOSTS, unique=True))
+            placement = {a: draw(st.lists(st.sampled_from(list(World._devices(a))), min_size=1,
+                                          max_size=PER_HOST, unique=True)) for a in used}
         client = draw(st.sampled_from(CLIENTS))
         same = [p for p in programs if p.placement == placement and p.client == client]
         dep = draw(st.sampled_from([None] + [p.pid for p in same]))
@@ -291,7 +349,7 @@ def scenarios(draw: Any) -> dict[str, Any]:
 def test_every_slotted_program_ends_on_every_host_in_one_order_leaking_nothing(s, choices):
     world = World(SchedulerCore(s["policy"], degree=s["degree"], threshold=s["threshold"]),
                   {f"h{i}": H.HostCore(f"h{i}", World._devices(f"h{i}"), NoAborts()) for i in range(HOSTS)},
-                  s["failing"], s["unplanned"])
+                  s["failing"], s["unplanned"], chance=choices)
     for addr in world.hosts:
         world.run_scheduler(world.scheduler.host_joined(addr, None))
     for c in CLIENTS:
@@ -401,3 +459,30 @@ def test_a_program_a_host_ran_alone_ends_there_without_telling_the_scheduler():
     assert core.register(register.prog, register.enqueue) == [H.Wake((0, 1), True)]  # ordered: it may run
     assert core.device_done("p0", 0) == [] and core.device_done("p0", 1) == [H.Ended("p0")]
     assert core.ended("p0") == [H.Tell(ProgramDone("p0"))]
+
+
+def test_a_failed_dispatch_lets_devices_pass_its_program_only_once_its_buffers_failed():
+    """A reader's call and order came first (its tree's root is this host); its producer's order
+    and call come later, down another tree, and the call fails here. The order slots the
+    producer and then the reader, which may run at once: the devices must not pass the
+    producer before the store failed its buffers, or the reader reads one pending."""
+    core = H.HostCore("h0", World._devices("h0"), NoAborts())
+    placement = {"h1": [2], "h0": [0, 1]}
+    producer, reader = Program("p0", "a", placement, None), Program("p1", "a", placement, "p0")
+    core.add_plans("a", [_plan(producer, "h0"), _plan(reader, "h0")])
+    declared = core.calls("a", [("p1", "plan-p1", [["p0", 1]], [])])
+    [register] = [i for i in declared if isinstance(i, H.Register)]
+    core.register(register.prog, register.enqueue)
+    assert core.order([("p1", "a", [0, 1], 1, 0)]) == []  # early: it waits for slot 0 here
+    core.calls = lambda *_: [*core.drop_program("p0", DispatchError("injected")),  # type: ignore[method-assign]
+                             H.Tell(DispatchFailed("p0", "injected", DispatchError("injected")))]
+    out = core.fan(Fan(["h0"], "h1", 4, call=("a", "p0", [], "plan-p0", []), order=("p0", "a", 0, None, -1)))
+    del core.calls
+    # the reader may run at once (its devices are handed the GIL) ...
+    assert [i for i in out if isinstance(i, H.Enqueue)] == [
+        H.Enqueue(0, "p0"), H.Enqueue(1, "p0"), H.Enqueue(0, "p1", True), H.Enqueue(1, "p1", True)]
+    # ... but no device passes the producer until the store failed its buffers
+    assert not core.ledger.ready("p0")
+    assert any(isinstance(i, H.DropBuffers) and i.pid == "p0" for i in out)
+    core.ledger.buffers_failed("p0")
+    assert core.ledger.ready("p0")

@@ -120,3 +120,32 @@ def test_a_lost_host_drops_the_waiting_programs_that_use_it():
     assert [x.pid for x in dropped] == ["a2"]
     assert slotted == [] and set(s.inflight) == {"other"}
     assert len(s.policy) == 0
+
+
+def test_a_program_dropped_before_its_slot_takes_the_programs_waiting_on_it_along():
+    """A waiting program whose dispatch failed leaves the queue with the programs waiting that
+    read its outputs, in turn: left waiting, they would be slotted next with no order of their
+    producer ahead of them, to read buffers that will never be computed."""
+    s = IslandScheduler("proportional")
+    for i in range(2):
+        s.submit(sub(f"a{i}", "a"), 1.0)  # the devices' window is full
+    s.submit(sub("p", "a"), 1.0)
+    s.submit(sub("r1", "a", deps=["p"]), 1.0)
+    s.submit(sub("r2", "a", deps=["r1"]), 1.0)
+    s.submit(sub("other", "a"), 1.0)
+    assert set(s.waiting) == {"p", "r1", "r2", "other"}
+    assert [x.pid for x in s.fail("p")] == ["p", "r1", "r2"]
+    assert s.waiting == {"other"} and [x.pid for x in s.policy.waiting()] == ["other"]
+    assert [x.pid for x in s.fail("a0")] == ["a0"]  # slotted: it stays until its hosts popped it
+    assert s.fail("gone") == []
+
+
+def test_a_lost_host_drops_the_programs_waiting_on_the_programs_it_drops():
+    s = IslandScheduler("proportional")
+    for i in range(2):
+        s.submit(Submission(f"a{i}", "a", {"h": [0], "g": [1]}, 1.0), 1.0)
+    s.submit(Submission("p", "a", {"h": [0]}, 1.0), 1.0)
+    s.submit(Submission("r", "a", {"g": [1]}, 1.0, frozenset({"p"})), 1.0)
+    dropped, slotted = s.host_lost("h")
+    assert [x.pid for x in dropped] == ["p", "r"]  # r does not use h, but reads what p would make
+    assert slotted == [] and not s.waiting

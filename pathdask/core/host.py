@@ -92,7 +92,8 @@ class Release(NamedTuple):
 
 
 class DropBuffers(NamedTuple):
-    """``pid`` is dropped: its gangs abort (mailbox, sequential gates) and its buffers fail."""
+    """``pid`` is dropped: its gangs abort (mailbox, sequential gates) and its buffers fail; then
+    the ledger learns it (``Ledger.buffers_failed``), and only then may its devices pass it."""
     pid: str
     cause: BaseException
 

@@ -17,6 +17,7 @@ can no longer run is dropped on every host it uses.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Container, Iterable
 from itertools import repeat
 from typing import Any, NamedTuple
@@ -24,6 +25,7 @@ from typing import Any, NamedTuple
 from ..errors import DeviceLostError, DispatchError
 from ..ops import as_key
 from ..protocol import DropClient, DropPrograms, Fan, HostJoined, HostLost, Message, Order, ReleaseOutputs
+from .bounded import remember
 from .fanout import DEFAULT_DEGREE, DEFAULT_THRESHOLD
 from .meshes import Mesh, Meshes
 from .order import IslandScheduler, Submission
@@ -115,6 +117,9 @@ class SchedulerCore:
         self.orphans: dict[Any, Output] = {}
         #: program -> the programs not yet ended that read its outputs
         self.readers: dict[str, list[Submission]] = {}
+        #: programs dropped before their slot -> (reason, cause): a program that reads their
+        #: outputs and comes later is dropped as it comes (``submit``)
+        self.unslotted: OrderedDict[str, tuple[str, Any]] = OrderedDict()
         #: host -> the run of programs it last took part in (whose last slot is the next
         #: one's ``prev`` there)
         self.host_runs: dict[str, _Run] = {}
@@ -174,8 +179,10 @@ class SchedulerCore:
         slotted += [t for sub, *_ in trees for t in self.order.finish(sub.pid)]
         out += [i for ack, (hosts, _) in list(self.releasing.items()) if host in hosts
                 for i in self._release_to(*self.releasing.pop(ack), direct=True)]
+        reason = f"host {host} ({describe}) left the cluster while this program used it"
+        for sub in waiting:
+            remember(self.unslotted, sub.pid, (reason, DeviceLostError(reason)))
         if affected and failing:
-            reason = f"host {host} ({describe}) left the cluster while this program used it"
             logger.warning("pathdask: %s; failing %d program(s)", reason, len(affected))
             per_host: dict[str, list[str]] = {}
             for s in affected:
@@ -266,7 +273,14 @@ class SchedulerCore:
             gone = [a for a in hosts if a not in self.hosts]  # at once, on every live host
             self._ended(sub)
             reason = f"host(s) {sorted(gone)} left the cluster before this program was slotted"
+            remember(self.unslotted, pid, (reason, DeviceLostError(reason)))
             return [Send(a, DropPrograms([pid], reason, min(gone))) for a in hosts if a not in gone]
+        producer = next((p for p in deps if p in self.unslotted), None)
+        if producer is not None:  # it reads what will never be computed
+            self._ended(sub)
+            why, cause = self.unslotted[producer]
+            return self._drop_unslotted([sub], f"program {producer}, whose outputs it reads, was dropped: {why}",
+                                        cause)
         return self._orders(self.order.submit(sub, self.clients.get(client, 1.0)), carried)
 
     def call_failed(self, client: str, call: dict[str, Any], error: BaseException) -> list[Instruction]:
@@ -281,6 +295,7 @@ class SchedulerCore:
         ended = self.end_program(pid, reason, cause)
         if ended:
             return out + ended
+        remember(self.unslotted, pid, (reason, cause))
         return out + [Send(addr, DropPrograms([pid], reason, cause=cause)) for addr in call["hosts"]]
 
     # -- endings ------------------------------------------------------------------------------
@@ -300,11 +315,26 @@ class SchedulerCore:
     def end_program(self, pid: str, reason: str, cause: Any) -> list[Instruction]:
         """Take ``pid`` out of the order and drop it on every host it uses, with ``cause``;
         no instructions if the order does not hold it (it ended already, or never came)."""
-        sub = self.order.fail(pid)
-        if sub is None:
+        subs = self.order.fail(pid)
+        if not subs:
             return []
-        logger.info("pathdask: %s; dropping it on %s", reason, sorted(sub.hosts))
-        return [Send(addr, DropPrograms([pid], reason, cause=cause)) for addr in sub.hosts]
+        logger.info("pathdask: %s; dropping it on %s", reason, sorted(subs[0].hosts))
+        if pid in self.order.inflight:  # slotted: its hosts pop it, and the programs after it
+            return [Send(addr, DropPrograms([pid], reason, cause=cause)) for addr in subs[0].hosts]
+        return self._drop_unslotted(subs, reason, cause)
+
+    def _drop_unslotted(self, subs: list[Submission], reason: str, cause: Any) -> list[Instruction]:
+        """Drop programs that left before their slot on their hosts, and remember them: a
+        program that reads their outputs is dropped with them, waiting (``IslandScheduler``) or
+        as it comes (:meth:`submit`). Slotted, it would follow none of their orders (they have
+        none), and its own could reach a host down a tree before their drop: its devices would
+        read their buffers pending instead of failed."""
+        out: list[Instruction] = []
+        for sub in subs:
+            why = reason if sub is subs[0] else f"{reason}; program {sub.pid} reads its outputs"
+            remember(self.unslotted, sub.pid, (why, cause))
+            out += [Send(addr, DropPrograms([sub.pid], why, cause=cause)) for addr in sub.hosts]
+        return out
 
     def _ended(self, sub: Submission) -> None:
         """``sub`` left the order: it reads nothing more."""

@@ -10,6 +10,13 @@ then tells the scheduler, whatever the outcome. That is the invariant that
 keeps devices from waiting forever: a head that is dropped is ready, so a
 device never waits on a program that can no longer be dispatched.
 
+A dropped head is ready only once the store failed its buffers
+(:meth:`Ledger.buffers_failed`, as the host carries out ``DropBuffers``): the
+core drops a program in the ledger as it decides, and its instructions, the
+store's part among them, are carried out after. A device that passed it
+before would run the programs behind it, which may read its outputs, and find
+them pending instead of failed.
+
 Threads: device threads, Dask's event loop and socket receivers all call in.
 Every field is guarded by ``lock`` and only methods of this class touch them.
 """
@@ -65,6 +72,8 @@ class Ledger:
         self._slotted: dict[str, tuple[str, set[int]]] = {}
         #: guarded by ``lock``: dropped programs -> why, oldest first out past ``REMEMBER``
         self._dropped: OrderedDict[str, BaseException] = OrderedDict()
+        #: guarded by ``lock``: dropped programs whose buffers the store failed (devices may pass them)
+        self._failed: OrderedDict[str, None] = OrderedDict()
         #: guarded by ``lock``: clients that closed; their late dispatches are refused
         self._closed_clients: OrderedDict[str, BaseException] = OrderedDict()
 
@@ -100,9 +109,12 @@ class Ledger:
             return self._programs.get(pid)
 
     def ready(self, pid: str) -> bool:
-        """A device may pop ``pid``: it is dispatched here, or it will never run."""
+        """A device may pop ``pid``: it is dispatched here, or it will never run and the store
+        failed its buffers."""
         with self.lock:
-            return pid in self._programs or pid in self._dropped
+            if pid in self._dropped:
+                return pid in self._failed
+            return pid in self._programs
 
     def slotted(self, pid: str) -> bool:
         """Whether ``pid`` has its place in its devices' orders here (and not all popped it)."""
@@ -157,6 +169,11 @@ class Ledger:
             if pid in self._slotted:
                 return None
             return self._programs.pop(pid, None)
+
+    def buffers_failed(self, pid: str) -> None:
+        """The store failed the dropped ``pid``'s buffers: its devices may pass it now."""
+        with self.lock:
+            remember(self._failed, pid, None)
 
     def close_client(self, client: str, cause: BaseException) -> list[str]:
         """Refuse the client's later programs; returns its programs known here (to drop)."""

@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 
@@ -189,10 +190,18 @@ class IslandScheduler:
         return self._fill(sub.pid)
 
     def _dropped(self, subs: list[Submission]) -> list[Submission]:
-        for sub in subs:
+        """Waiting programs leave the queue, and with them, in turn, those waiting that read
+        their outputs (none of which is slotted: see ``_eligible``); returns them all, the
+        given ones first. A reader left waiting would be slotted next with no order of its
+        producer before it, to read buffers that will never be computed."""
+        gone, new = list(subs), list(subs)
+        while new:
+            new = self.policy.drop(partial(_reads, {s.pid for s in new}))
+            gone += new
+        for sub in gone:
             self.waiting.discard(sub.pid)
             self.on_end(sub)
-        return subs
+        return gone
 
     def host_done(self, pid: str, host: str) -> list[tuple[int, Submission]]:
         """A host finished its part of ``pid``; returns newly slotted programs."""
@@ -237,16 +246,16 @@ class IslandScheduler:
             out += self.host_done(pid, host)
         return dropped, out + self._fill()
 
-    def fail(self, pid: str) -> Submission | None:
-        """``pid`` can no longer run (its dispatch failed): a waiting one leaves the queue; a
-        slotted one stays until its hosts report that they popped it. ``None`` if ended."""
+    def fail(self, pid: str) -> list[Submission]:
+        """``pid`` can no longer run (its dispatch failed): a slotted one stays until its hosts
+        report that they popped it (returns it); a waiting one leaves the queue with the
+        programs waiting that read its outputs (returns them, it first). None if ended."""
         if pid in self.inflight:
-            return self.inflight[pid]
+            return [self.inflight[pid]]
         if pid not in self.waiting:
-            return None
+            return []
         self.waiting.discard(pid)
-        gone = self._dropped(self.policy.drop(lambda s: s.pid == pid))
-        return gone[0] if gone else None
+        return self._dropped(self.policy.drop(lambda s: s.pid == pid))
 
     def by_client(self) -> dict[str, dict[str, int]]:
         """Per client, programs waiting for a slot and slotted programs not yet done."""
@@ -283,3 +292,8 @@ class IslandScheduler:
     def info(self) -> dict[str, Any]:
         return {"policy": self.policy.name, "slotted": self.next_slot, "late": self.late,
                 "waiting": len(self.policy), "inflight": len(self.inflight)}
+
+
+def _reads(pids: set[str], sub: Submission) -> bool:
+    """Whether ``sub`` reads outputs of any of ``pids``."""
+    return not pids.isdisjoint(sub.deps)

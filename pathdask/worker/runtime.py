@@ -412,6 +412,7 @@ class HostRuntime(DataPlane, HostAnswers, WorkerPlugin):
             done.set()
         self.mailbox.drop_program(pid, cause)
         self.store.drop_program(pid, cause)
+        self.ledger.buffers_failed(pid)  # then its devices may pass it (the core's Wake follows)
         self._wake_idle()
 
     def _end_soon(self, pid: str) -> None:
