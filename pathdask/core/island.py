@@ -275,7 +275,7 @@ class SchedulerCore:
             reason = f"host(s) {sorted(gone)} left the cluster before this program was slotted"
             remember(self.unslotted, pid, (reason, DeviceLostError(reason)))
             return [Send(a, DropPrograms([pid], reason, min(gone))) for a in hosts if a not in gone]
-        producer = next((p for p in deps if p in self.unslotted), None)
+        producer = next((p for p in deps if p in self.unslotted), None) if self.unslotted else None
         if producer is not None:  # it reads what will never be computed
             self._ended(sub)
             why, cause = self.unslotted[producer]

@@ -249,7 +249,7 @@ class IslandScheduler:
     def fail(self, pid: str) -> list[Submission]:
         """``pid`` can no longer run (its dispatch failed): a slotted one stays until its hosts
         report that they popped it (returns it); a waiting one leaves the queue with the
-        programs waiting that read its outputs (returns them, it first). None if ended."""
+        programs waiting that read its outputs (returns them, it first); none if it ended."""
         if pid in self.inflight:
             return [self.inflight[pid]]
         if pid not in self.waiting:
