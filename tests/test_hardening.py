@@ -78,6 +78,23 @@ def test_dispatch_failing_on_one_host_ends_the_program_on_every_host(fsystem):
     assert_clean(fsystem)
 
 
+def test_a_program_reading_one_whose_dispatch_failed_fails_with_its_cause(fsystem):
+    """Its reader never reads the failed program's outputs pending: it fails with the same error."""
+    with fsystem.client(name="reader") as client:
+        mesh = _two_host_mesh(client)
+        x = client.put(np.ones(4), mesh, P("x"))
+        np.testing.assert_array_equal(plus_sum(x).result(timeout=30), np.full(4, 5.0))
+        _on_worker(client, mesh.devices[0].address, fail_next_dispatch)
+        y = plus_sum(x)
+        z = plus_sum(y)
+        for value in (y, z):
+            with pytest.raises(pw.DispatchError, match="injected fault: the dispatch on host .* failed"):
+                value.result(timeout=30)
+        np.testing.assert_array_equal(plus_sum(x).result(timeout=30), np.full(4, 5.0))
+        del x, y, z
+    assert_clean(fsystem)
+
+
 def test_a_call_the_scheduler_cannot_create_ends_with_a_typed_error(fsystem):
     with fsystem.client(name="uncreated") as client:
         mesh = _two_host_mesh(client)
