@@ -5,15 +5,20 @@ through adversarial interleavings of every message, in one process.
 The records between the client, the scheduler and the hosts travel on one ordered channel per
 (sender, receiver), as Dask's streams do; Hypothesis picks which channel delivers next. Around
 the cores there is only what is not theirs: devices, modelled as gangs that meet (a device
-running a program pops it once every member device runs it, or at once if it was dropped), a
-store that counts the reads and owners the cores declare, and a client that calls, releases its
-results, and closes or is killed. Late and duplicate plans, calls whose argument keys are
-released, closed clients, hosts lost mid-program, failing dispatches, plans that never came (a
-restarted host: the real ``PlanMissingError`` path) and both policies are drawn.
+running a program pops it once every member device runs it, or at once if it was dropped),
+which are threads and so may move between any two instructions a host carries out; a store
+that counts the reads and owners the cores declare and knows which buffers are settled; and a
+client that calls, releases its results, and closes or is killed. Late and duplicate plans,
+calls whose argument keys are released, closed clients, hosts lost mid-program, failing
+dispatches, plans that never came (a restarted host: the real ``PlanMissingError`` path), both
+policies, and readers on their producers' devices with the hosts in another order (another
+tree) are drawn.
 
 The invariants (``ARCHITECTURE.md``): one order per island (every pair of programs two devices
 share runs in the same relative order on both), every slotted program ends on every member host,
-and no buffer is leaked (every read declared is read or withdrawn, every owner released).
+no buffer is leaked (every read declared is read or withdrawn, every owner released), and no
+program reads a buffer still pending (its producer ran on that device first, or its buffers
+failed there).
 """
 
 from __future__ import annotations
