@@ -296,7 +296,7 @@ class SchedulerCore:
         if ended:
             return out + ended
         remember(self.unslotted, pid, (reason, cause))
-        return out + [Send(addr, DropPrograms([pid], reason, cause=cause)) for addr in call["hosts"]]
+        return out + _drops(pid, call["hosts"], reason, cause)
 
     # -- endings ------------------------------------------------------------------------------
     def program_done(self, host: str, pid: str) -> list[Instruction]:
@@ -320,7 +320,7 @@ class SchedulerCore:
             return []
         logger.info("pathdask: %s; dropping it on %s", reason, sorted(subs[0].hosts))
         if pid in self.order.inflight:  # slotted: its hosts pop it, and the programs after it
-            return [Send(addr, DropPrograms([pid], reason, cause=cause)) for addr in subs[0].hosts]
+            return _drops(pid, subs[0].hosts, reason, cause)
         return self._drop_unslotted(subs, reason, cause)
 
     def _drop_unslotted(self, subs: list[Submission], reason: str, cause: Any) -> list[Instruction]:
@@ -333,7 +333,7 @@ class SchedulerCore:
         for sub in subs:
             why = reason if sub is subs[0] else f"{reason}; program {sub.pid} reads its outputs"
             remember(self.unslotted, sub.pid, (why, cause))
-            out += [Send(addr, DropPrograms([sub.pid], why, cause=cause)) for addr in sub.hosts]
+            out += _drops(sub.pid, sub.hosts, why, cause)
         return out
 
     def _ended(self, sub: Submission) -> None:
@@ -464,6 +464,11 @@ class SchedulerCore:
             out += [Send(a, Order([(sub.pid, sub.client, devices, slot, prev)]))
                     for (a, devices), prev in zip(sub.hosts.items(), _each(prevs)) if a != but]
         return out
+
+
+def _drops(pid: str, hosts: Iterable[str], reason: str, cause: Any) -> list[Instruction]:
+    """``pid`` dropped on each of ``hosts``, with ``cause``."""
+    return [Send(addr, DropPrograms([pid], reason, cause=cause)) for addr in hosts]
 
 
 def _order_of(sub: Submission) -> list[str]:
